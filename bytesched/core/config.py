@@ -1,0 +1,270 @@
+"""Every ``BYTESCHED_*`` environment variable is read and validated here, and nowhere else.
+
+Other modules receive a typed :class:`Config`; they never look at ``os.environ``. A bad value
+raises :class:`ConfigError` naming the variable, the value and the accepted form, so that a
+typo in a launch script fails at start-up instead of silently changing how a job runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+log = logging.getLogger("bytesched")
+
+POLICIES = ("bytescheduler", "fifo", "p3", "tictac", "prophet")
+ORDER_MODES = ("auto", "rank0", "immediate")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+UNLIMITED = math.inf
+"""Partition or credit size meaning "no limit" (accepted in the environment as ``inf``)."""
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30,
+    "k": 10**3, "m": 10**6, "g": 10**9,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+SIZE_FORM = "a byte count such as 4000000, 4MB, 4MiB, 512KB (or 'inf' for no limit)"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the variable and the accepted form."""
+
+
+def parse_size(text: str, *, name: str = "size") -> float:
+    """Parse a byte size: ``4000000``, ``4MB`` (10^6), ``4MiB`` (2^20), ``inf``.
+
+    Returns an int number of bytes, or :data:`UNLIMITED`. ``name`` is used in the error.
+    """
+    if text.strip().lower() in ("inf", "infinity", "unlimited"):
+        return UNLIMITED
+    m = _SIZE_RE.match(text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ConfigError(f"{name}={text!r} is not a size: expected {SIZE_FORM}")
+    value = float(m.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise ConfigError(f"{name}={text!r} must be at least 1 byte: expected {SIZE_FORM}")
+    if value > 2**50:
+        raise ConfigError(f"{name}={text!r} is absurdly large (> 1 PiB): expected {SIZE_FORM} or 'inf'")
+    return int(value)
+
+
+def format_size(nbytes: float) -> str:
+    """Human-readable size for logs and tables (``inf`` for unlimited)."""
+    if nbytes == UNLIMITED:
+        return "inf"
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{int(nbytes)}B"
+
+
+@dataclass(frozen=True)
+class SchedulingParams:
+    """The two knobs of Algorithm 1 that the tuner searches: partition size and credit size.
+
+    ``partition_bytes=None`` means "the policy's own default" (4 MB for bytescheduler, P3's
+    160 KB slices for p3), so choosing a policy does not also require choosing its slice size.
+    """
+
+    partition_bytes: float | None = None
+    credit_bytes: float = 16_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("partition_bytes", "credit_bytes"):
+            value = getattr(self, name)
+            if value is None and name == "partition_bytes":
+                continue
+            if not (value == UNLIMITED or (isinstance(value, (int, float)) and value >= 1)):
+                raise ConfigError(f"{name}={value!r} must be a positive number of bytes or UNLIMITED")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated bytesched settings (see :data:`VARIABLES` for the environment variables)."""
+
+    params: SchedulingParams = field(default_factory=SchedulingParams)
+    policy: str = "bytescheduler"
+    order: str = "auto"
+    timeline: str | None = None
+    log_level: str = "WARNING"
+    channel_host: str = "127.0.0.1"
+    channel_port: int = 29517
+    channel_timeout_s: float = 60.0
+    job_token: str = ""
+    stall_warning_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy={self.policy!r} is unknown: expected one of {', '.join(POLICIES)}")
+        if self.order not in ORDER_MODES:
+            raise ConfigError(f"order={self.order!r} is unknown: expected one of {', '.join(ORDER_MODES)}")
+
+    def with_params(self, params: SchedulingParams) -> "Config":
+        """A copy with other scheduling parameters (configs are immutable)."""
+        return replace(self, params=params)
+
+
+# ----------------------------------------------------------------------------------------------
+# Environment variables: one table, the single source of truth (docs are generated from it).
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: where it lands in :class:`Config`, how it parses, what it means."""
+
+    name: str
+    target: str
+    parse: Callable[[str, str], Any]
+    default: str
+    doc: str
+
+
+def _size(name: str, text: str) -> float:
+    return parse_size(text, name=name)
+
+
+def _choice(options: tuple[str, ...], *, upper: bool = False) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        value = text.strip().upper() if upper else text.strip().lower()
+        if value not in options:
+            raise ConfigError(f"{name}={text!r} is not valid: expected one of {', '.join(options)}")
+        return value
+    return parse
+
+
+def _positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number: expected seconds, e.g. 60") from None
+    if not value > 0 or math.isinf(value):
+        raise ConfigError(f"{name}={text!r} must be a positive finite number of seconds")
+    return value
+
+
+def _port(name: str, text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 65535:
+        raise ConfigError(f"{name}={text!r} is not a TCP port: expected an integer in 1..65535")
+    return int(text)
+
+
+def _text(name: str, text: str) -> str:
+    if not text.strip():
+        raise ConfigError(f"{name} is set but empty: unset it or give a value")
+    return text.strip()
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("BYTESCHED_PARTITION_BYTES", "params.partition_bytes", _size, "(policy default: 4MB; p3 160KB)",
+             "Partition size: tensors are split into sub-tasks of at most this many bytes."),
+    Variable("BYTESCHED_CREDIT_BYTES", "params.credit_bytes", _size, "16MB",
+             "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
+    Variable("BYTESCHED_POLICY", "policy", _choice(POLICIES), "bytescheduler",
+             "Scheduling policy: " + ", ".join(POLICIES) + "."),
+    Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",
+             "Cross-rank order: rank0 (followers obey rank 0's start order over the channel), "
+             "immediate (followers start when ready; the backend negotiates order, e.g. Horovod), "
+             "auto (the plugin picks)."),
+    Variable("BYTESCHED_TIMELINE", "timeline", _text, "(off)",
+             "Write a Chrome-trace timeline to this path (rank r writes path with '.r' inserted "
+             "before the extension when several ranks run)."),
+    Variable("BYTESCHED_LOG_LEVEL", "log_level", _choice(LOG_LEVELS, upper=True), "WARNING",
+             "Log level of the 'bytesched' logger."),
+    Variable("BYTESCHED_CHANNEL_HOST", "channel_host", _text, "127.0.0.1",
+             "Address rank 0 binds its control channel to (and followers connect to)."),
+    Variable("BYTESCHED_CHANNEL_PORT", "channel_port", _port, "29517",
+             "TCP port of rank 0's control channel."),
+    Variable("BYTESCHED_CHANNEL_TIMEOUT_S", "channel_timeout_s", _positive_float, "60",
+             "Seconds to wait for peers on the control channel before failing."),
+    Variable("BYTESCHED_JOB_TOKEN", "job_token", _text, "(derived from the launcher)",
+             "Per-job token; control messages carrying another token are rejected."),
+    Variable("BYTESCHED_STALL_WARNING_S", "stall_warning_s", _positive_float, "60",
+             "Warn when a started sub-task has not finished after this many seconds."),
+)
+
+# The original ByteScheduler's variables count 4-byte elements.
+_LEGACY_ALIASES = {
+    "BYTESCHEDULER_PARTITION": "BYTESCHED_PARTITION_BYTES",
+    "BYTESCHEDULER_CREDIT": "BYTESCHED_CREDIT_BYTES",
+}
+
+
+def _legacy_elements(name: str, text: str) -> str:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"{name}={text!r} must be a positive count of 4-byte elements "
+                          f"(or use {_LEGACY_ALIASES[name]} with a byte size)")
+    return str(int(text) * 4)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Config:
+    """Build a :class:`Config` from ``BYTESCHED_*`` variables (``os.environ`` by default)."""
+    env = dict(os.environ if environ is None else environ)
+    for old, new in _LEGACY_ALIASES.items():
+        if old in env:
+            if new in env:
+                raise ConfigError(f"both {old} and {new} are set: keep only {new}")
+            warnings.warn(f"{old} (4-byte elements) is deprecated: use {new} (bytes); "
+                          f"taking {old}={env[old]} as {int(env[old]) * 4 if env[old].strip().isdigit() else '?'} bytes",
+                          DeprecationWarning, stacklevel=2)
+            env[new] = _legacy_elements(old, env[old])
+    known = {v.name for v in VARIABLES} | set(_EXTRA_VARIABLES)
+    for key in env:
+        if key.startswith("BYTESCHED_") and key not in known:
+            raise ConfigError(f"{key} is not a bytesched variable: known ones are {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    for var in VARIABLES:
+        if var.name in env:
+            value = var.parse(var.name, env[var.name])
+            if var.target.startswith("params."):
+                params[var.target.split(".", 1)[1]] = value
+            else:
+                values[var.target] = value
+    return Config(params=SchedulingParams(**params), **values)
+
+
+# Variables read by other layers (tuning, launchers, checks) through their own typed config;
+# listed so that from_env does not reject them as typos. Each layer registers its names here.
+_EXTRA_VARIABLES: dict[str, str] = {
+    "BYTESCHED_RANK": "Rank of this worker, set by `bytesched launch` for parameter-server jobs.",
+    "BYTESCHED_WORLD_SIZE": "Number of workers, set by `bytesched launch`.",
+}
+
+
+def register_variables(doc_by_name: Mapping[str, str]) -> None:
+    """Let another layer declare the ``BYTESCHED_*`` names it reads itself (keeps typo checks)."""
+    _EXTRA_VARIABLES.update(doc_by_name)
+
+
+def describe_variables() -> list[tuple[str, str, str]]:
+    """(name, default, meaning) for every variable: the source of the docs' reference table."""
+    rows = [(v.name, v.default, v.doc) for v in VARIABLES]
+    rows += [(name, "", doc) for name, doc in sorted(_EXTRA_VARIABLES.items())]
+    rows += [(old, "", f"Deprecated alias of {new}, in 4-byte elements (the original ByteScheduler's unit).")
+             for old, new in _LEGACY_ALIASES.items()]
+    return rows
+
+
+def configure_logging(config: Config) -> None:
+    """Apply ``config.log_level`` to the package logger (idempotent)."""
+    log.setLevel(config.log_level)
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[bytesched %(levelname)s] %(message)s"))
+        log.addHandler(handler)
+
+
+__all__ = [
+    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "POLICIES", "ORDER_MODES",
+    "VARIABLES", "from_env", "parse_size", "format_size", "describe_variables",
+    "register_variables", "configure_logging",
+]

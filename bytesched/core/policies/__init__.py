@@ -1,0 +1,37 @@
+"""Scheduling policies, selected by name (``BYTESCHED_POLICY``); see docs/policies.md."""
+
+from __future__ import annotations
+
+from ..config import POLICIES, ConfigError, SchedulingParams
+from .base import CreditPolicy, Policy, PriorityPolicy, Window
+from .bytescheduler import ByteSchedulerPolicy
+from .fifo import FifoPolicy
+from .follow import FollowOrderPolicy, ImmediatePolicy
+from .p3 import P3Policy
+
+_REGISTRY: dict[str, type[Policy]] = {
+    ByteSchedulerPolicy.name: ByteSchedulerPolicy,
+    FifoPolicy.name: FifoPolicy,
+    P3Policy.name: P3Policy,
+}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Add a policy class to the registry under ``cls.name`` (used as a class decorator)."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, params: SchedulingParams) -> Policy:
+    """Instantiate the policy called ``name`` (one of :data:`POLICIES`)."""
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"policy {name!r} is unknown: expected one of {', '.join(POLICIES)}") from None
+    return cls(params)
+
+
+__all__ = [
+    "Policy", "PriorityPolicy", "CreditPolicy", "Window", "ByteSchedulerPolicy", "FifoPolicy",
+    "P3Policy", "ImmediatePolicy", "FollowOrderPolicy", "make_policy", "register",
+]

@@ -1,0 +1,83 @@
+"""Follower policies: how a rank other than 0 starts sub-tasks so that every rank agrees.
+
+Rank 0 runs the configured policy and decides. A follower either obeys rank 0's announced start
+order exactly (``rank0`` mode, for backends that need the same collective order everywhere, such
+as torch.distributed or a dist_sync parameter server), or starts as soon as ready
+(``immediate`` mode, for backends that negotiate order themselves, such as Horovod, where a
+collective runs only once every rank submitted it, so rank 0's release order becomes global).
+Either way a follower partitions exactly as rank 0 does, so sub-task names match across ranks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from ..task import SubTask
+from .base import Policy, Window
+from .fifo import FifoPolicy
+
+SubTaskKey = tuple[str, int, int]
+
+
+class ImmediatePolicy(FifoPolicy):
+    """Start every sub-task as soon as it is ready, partitioned like the leader's policy."""
+
+    name = "immediate"
+
+    def __init__(self, leader: Policy) -> None:
+        super().__init__(leader.params)
+        self.leader = leader
+
+    def partition_bytes(self) -> float:
+        return self.leader.partition_bytes()
+
+    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+        super().set_params(params)
+        self.leader.set_params(params)
+
+
+class FollowOrderPolicy(Policy):
+    """Start sub-tasks exactly in the order rank 0 announced, each once it is ready here."""
+
+    name = "rank0-follower"
+
+    def __init__(self, leader: Policy) -> None:
+        super().__init__(leader.params)
+        self.leader = leader
+        self._order: deque[SubTaskKey] = deque()
+        self._ready: dict[SubTaskKey, SubTask] = {}
+
+    def partition_bytes(self) -> float:
+        return self.leader.partition_bytes()
+
+    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+        super().set_params(params)
+        self.leader.set_params(params)
+
+    def announce(self, keys: Iterable[SubTaskKey]) -> None:
+        """Rank 0 started these sub-tasks, in this order."""
+        self._order.extend(keys)
+
+    def push(self, sub: SubTask, now: float) -> None:
+        self._ready[sub.key] = sub
+
+    def peek(self, now: float) -> SubTask | None:
+        if not self._order:
+            return None
+        return self._ready.get(self._order[0])
+
+    def pop(self) -> SubTask:
+        return self._ready.pop(self._order.popleft())
+
+    def admits(self, sub: SubTask, window: Window, now: float) -> bool:
+        return True  # rank 0 already applied the credit window
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def waiting_for(self) -> SubTaskKey | None:
+        """The announced key this rank has not made ready yet (for stall reports)."""
+        if self._order and self._order[0] not in self._ready:
+            return self._order[0]
+        return None

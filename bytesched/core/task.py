@@ -1,0 +1,133 @@
+"""CommTask and SubTask: the unified abstraction of one tensor's communication (paper §3.2).
+
+A plugin subclasses :class:`CommTask` and implements the two framework-specific callbacks,
+:meth:`CommTask.partition` and :meth:`CommTask.start`. The framework signals back with
+:meth:`CommTask.notify_ready` and :meth:`CommTask.notify_finish`, from any thread; those only
+post events to the Core, which owns all scheduling state.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # the runtime Core imports this module, not the other way round
+    from .core import Core
+
+
+class SubTask:
+    """One partition of a CommTask: the unit the Core schedules, starts and gets credit back for.
+
+    ``key`` identifies the sub-task identically on every rank (task name, the task's instance
+    number, partition index), which is what rank 0's start order is expressed in.
+    """
+
+    __slots__ = ("task", "index", "nbytes", "payload", "key", "t_ready", "t_start", "t_finish")
+
+    def __init__(self, task: "CommTask", index: int, nbytes: int, payload: Any) -> None:
+        self.task = task
+        self.index = index
+        self.nbytes = nbytes
+        self.payload = payload
+        self.key: tuple[str, int, int] = (task.name, task.instance, index)
+        self.t_ready = math.nan
+        self.t_start = math.nan
+        self.t_finish = math.nan
+
+    @property
+    def priority(self) -> int:
+        """Inherited from the task; the partition index breaks ties so pieces keep their order."""
+        return self.task.priority
+
+    def __repr__(self) -> str:
+        return f"SubTask({self.task.name!r}#{self.task.instance}[{self.index}], {self.nbytes}B)"
+
+
+class CommTask(ABC):
+    """One tensor's communication (an all-reduce, or a push+pull) handed to the Core.
+
+    Attributes:
+        name: identical on every rank (it is how ranks agree on which tensor is meant).
+        priority: lower runs first; plugins use the order in which the forward pass uses the
+            tensor, so the first layer's gradient is the most urgent.
+        nbytes: size of the tensor in bytes.
+        instance: how many times a task of this name was enqueued before (set by the Core); it
+            tells apart the same tensor's communication in successive iterations.
+    """
+
+    def __init__(self, name: str, priority: int, nbytes: int) -> None:
+        if not name:
+            raise ValueError("a CommTask needs a non-empty name that is identical on every rank")
+        if nbytes < 0:
+            raise ValueError(f"CommTask {name!r}: nbytes must be >= 0, got {nbytes}")
+        self.name = name
+        self.priority = priority
+        self.nbytes = nbytes
+        self.instance = 0
+        self.subtasks: list[SubTask] = []
+        self.remaining = 0
+        self.seq = 0
+        self.t_enqueue = math.nan
+        self.core: "Core | None" = None
+
+    # -- implemented by plugins ---------------------------------------------------------------
+    @abstractmethod
+    def partition(self, size: float) -> Sequence[tuple[Any, int]]:
+        """Split the tensor into zero-copy pieces of at most ``size`` bytes.
+
+        Returns ``(payload, nbytes)`` pairs in tensor order; ``size`` may be ``math.inf``
+        (one piece). :func:`split_elements` computes the element ranges.
+        """
+
+    @abstractmethod
+    def start(self, subtask: SubTask) -> None:
+        """Issue the real communication of one sub-task; must not block until it completes.
+
+        Called on the Core's scheduler thread. When the communication is done, call
+        :meth:`notify_finish` (from any thread).
+        """
+
+    def on_finish(self) -> None:
+        """Hook: every sub-task has finished (called on the Core thread). Plugins override."""
+
+    def on_error(self, error: BaseException) -> None:
+        """Hook: starting a sub-task raised ``error`` (called on the Core thread)."""
+
+    # -- signals from the framework -----------------------------------------------------------
+    def notify_ready(self) -> None:
+        """The tensor has been computed: its sub-tasks may now be scheduled."""
+        self._core().post_ready(self)
+
+    def notify_finish(self, subtask: SubTask) -> None:
+        """The communication of ``subtask`` is complete: return its credit."""
+        self._core().post_finish(subtask)
+
+    def _core(self) -> "Core":
+        if self.core is None:
+            raise RuntimeError(f"CommTask {self.name!r} was not enqueued to a Core: call Core.enqueue(task) first")
+        return self.core
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, priority={self.priority}, {self.nbytes}B)"
+
+
+def split_elements(numel: int, itemsize: int, size: float) -> list[tuple[int, int]]:
+    """Element ranges ``[(start, stop), ...]`` covering ``numel`` elements exactly once, each at
+    most ``size`` bytes (at least one element each, so a tiny ``size`` still makes progress).
+
+    Pieces are as equal as possible, so the last one is not a small remainder that would cost a
+    full per-message overhead for little data.
+    """
+    if numel <= 0:
+        return [(0, 0)]
+    per_piece = max(1, int(size // itemsize)) if size != math.inf else numel
+    pieces = -(-numel // per_piece)
+    base, extra = divmod(numel, pieces)
+    ranges = []
+    start = 0
+    for i in range(pieces):
+        stop = start + base + (1 if i < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges

@@ -1,0 +1,185 @@
+"""Shared test helpers: stack checks that fail loudly, and a guard against leftover processes.
+
+Multi-process tests (marked ``multiproc``) get a unique token in ``BYTESCHED_TEST_TOKEN``. Every
+process they start inherits it, so after the test any process still carrying the token, or still
+a child of this one, was left behind: it is killed and the test fails. Tagging by environment
+also finds grandchildren that were re-parented to init when their parent died.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from types import ModuleType
+from typing import Collection, Iterator, Mapping, Sequence
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TOKEN_VAR = "BYTESCHED_TEST_TOKEN"
+# Processes that are on their way out (already signalled) get this long before counting as left.
+SETTLE_SECONDS = 3.0
+
+_SETUP_HINT = "`make test` (which runs scripts/setup.sh) installs the whole stack into .venv"
+
+
+def require(module_name: str, component: str | None = None) -> ModuleType:
+    """Import ``module_name`` or FAIL the test naming the missing component.
+
+    The stack is part of what is tested: a missing piece is a broken set-up, never a reason to
+    skip.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or OSError/RuntimeError from a broken extension
+        pytest.fail(
+            f"missing component: {component or module_name} (`import {module_name}` failed with "
+            f"{type(error).__name__}: {error}) under {sys.executable}. {_SETUP_HINT}.",
+            pytrace=False,
+        )
+
+
+def require_executable(name: str) -> Path:
+    """The path of ``name`` next to this interpreter (the venv's bin/), or FAIL the test."""
+    path = Path(sys.executable).parent / name
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"missing component: {path} does not exist. {_SETUP_HINT}.", pytrace=False)
+    return path
+
+
+# --------------------------------------------------------------------------- leftover processes
+
+
+def _tagged(token: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``token``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(TOKEN_VAR) == token:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes in ``procs`` that still run (zombies are dead, just not reaped yet)."""
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def job_processes(token: str, ignore: Collection[int] = ()) -> list[psutil.Process]:
+    """Every live process of the current test: descendants of this process and tagged ones."""
+    procs = {p.pid: p for p in _tagged(token)}
+    for child in psutil.Process().children(recursive=True):
+        if child.pid not in ignore:
+            procs.setdefault(child.pid, child)
+    return _alive(list(procs.values()))
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    """SIGKILL ``procs`` and wait briefly for them, ignoring those already gone."""
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=5)
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    lines = []
+    for proc in procs:
+        try:
+            lines.append(f"  pid {proc.pid}: {' '.join(proc.cmdline())[:200]}")
+        except psutil.Error:
+            lines.append(f"  pid {proc.pid}: (gone)")
+    return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(request: pytest.FixtureRequest,
+                          monkeypatch: pytest.MonkeyPatch) -> Iterator[str | None]:
+    """For ``multiproc`` tests: tag started processes, then fail if any outlive the test."""
+    if request.node.get_closest_marker("multiproc") is None:
+        yield None
+        return
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(TOKEN_VAR, token)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield token
+    leftovers = job_processes(token, ignore=before)
+    if leftovers:
+        _gone, leftovers = psutil.wait_procs(leftovers, timeout=SETTLE_SECONDS)
+        leftovers = _alive(leftovers)
+    if leftovers:
+        description = _describe(leftovers)
+        kill_all(leftovers)
+        pytest.fail(f"processes left running after the test (now killed):\n{description}",
+                    pytrace=False)
+
+
+# --------------------------------------------------------------------------- running jobs
+
+
+def _kill_job(popen: subprocess.Popen[str]) -> None:
+    """Kill a started job with everything it started: its process group, descendants, tagged."""
+    token = os.environ.get(TOKEN_VAR)
+    procs = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        procs = psutil.Process(popen.pid).children(recursive=True)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    if token:
+        procs += _tagged(token)
+    kill_all(procs)
+    popen.kill()
+    popen.wait()
+
+
+@contextlib.contextmanager
+def started(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None = None,
+            cwd: Path = REPO_ROOT) -> Iterator[subprocess.Popen[str]]:
+    """Start ``argv`` in its own session with merged text output; kill it all if still running.
+
+    The kill in ``finally`` runs whether the test passed, failed or was interrupted by
+    pytest-timeout, so no job outlives its test.
+    """
+    popen = subprocess.Popen(
+        [str(a) for a in argv], cwd=cwd, env=dict(os.environ if env is None else env),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        yield popen
+    finally:
+        if popen.poll() is None:
+            _kill_job(popen)
+        if popen.stdout is not None:
+            popen.stdout.close()
+
+
+def run_job(argv: Sequence[str | os.PathLike[str]], timeout: float,
+            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to completion within ``timeout`` seconds; on timeout kill it all and FAIL."""
+    with started(argv, env=env) as popen:
+        try:
+            output, _ = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_job(popen)
+            output, _ = popen.communicate()
+            pytest.fail(f"{' '.join(map(str, argv))} did not finish within {timeout} s; "
+                        f"output:\n{output[-4000:]}", pytrace=False)
+    return subprocess.CompletedProcess(list(map(str, argv)), popen.returncode, output, None)
