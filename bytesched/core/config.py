@@ -210,12 +210,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
     env = dict(os.environ if environ is None else environ)
     for old, new in _LEGACY_ALIASES.items():
         if old in env:
+            nbytes = _legacy_elements(old, env[old])
             if new in env:
                 raise ConfigError(f"both {old} and {new} are set: keep only {new}")
             warnings.warn(f"{old} (4-byte elements) is deprecated: use {new} (bytes); "
-                          f"taking {old}={env[old]} as {int(env[old]) * 4 if env[old].strip().isdigit() else '?'} bytes",
-                          DeprecationWarning, stacklevel=2)
-            env[new] = _legacy_elements(old, env[old])
+                          f"taking {old}={env[old]} as {nbytes} bytes", DeprecationWarning, stacklevel=2)
+            env[new] = nbytes
     known = {v.name for v in VARIABLES} | set(_EXTRA_VARIABLES)
     for key in env:
         if key.startswith("BYTESCHED_") and key not in known:

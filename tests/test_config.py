@@ -1,0 +1,72 @@
+"""Configuration: every BYTESCHED_* value is validated and a bad one is named in the error."""
+
+from __future__ import annotations
+
+import pytest
+
+from bytesched.core.config import (UNLIMITED, Config, ConfigError, SchedulingParams, describe_variables,
+                                   format_size, from_env, parse_size)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("4000000", 4_000_000), ("4MB", 4_000_000), ("4MiB", 4 * 2**20), ("512KB", 512_000),
+    ("1.5GB", 1_500_000_000), ("160kib", 160 * 1024), (" 8 mb ", 8_000_000), ("inf", UNLIMITED),
+])
+def test_sizes(text: str, expected: float) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-4MB", "0", "0.5", "4XB", "four", "4 MB MB", "1e3", "2000000TB"])
+def test_bad_sizes_name_variable_and_form(text: str) -> None:
+    with pytest.raises(ConfigError, match="BYTESCHED_CREDIT_BYTES") as err:
+        from_env({"BYTESCHED_CREDIT_BYTES": text})
+    assert "4MiB" in str(err.value) or "empty" in str(err.value)
+
+
+def test_defaults_and_full_environment() -> None:
+    assert from_env({}) == Config()
+    cfg = from_env({
+        "BYTESCHED_PARTITION_BYTES": "2MB", "BYTESCHED_CREDIT_BYTES": "inf", "BYTESCHED_POLICY": "P3",
+        "BYTESCHED_ORDER": "rank0", "BYTESCHED_TIMELINE": "/tmp/t.json", "BYTESCHED_LOG_LEVEL": "debug",
+        "BYTESCHED_CHANNEL_PORT": "4000", "BYTESCHED_STALL_WARNING_S": "2.5",
+    })
+    assert cfg.params == SchedulingParams(partition_bytes=2_000_000, credit_bytes=UNLIMITED)
+    assert (cfg.policy, cfg.order, cfg.timeline, cfg.log_level) == ("p3", "rank0", "/tmp/t.json", "DEBUG")
+    assert (cfg.channel_port, cfg.stall_warning_s) == (4000, 2.5)
+
+
+@pytest.mark.parametrize("env, culprit", [
+    ({"BYTESCHED_POLICY": "fastest"}, "BYTESCHED_POLICY"),
+    ({"BYTESCHED_ORDER": "random"}, "BYTESCHED_ORDER"),
+    ({"BYTESCHED_CHANNEL_PORT": "70000"}, "BYTESCHED_CHANNEL_PORT"),
+    ({"BYTESCHED_CHANNEL_PORT": "http"}, "BYTESCHED_CHANNEL_PORT"),
+    ({"BYTESCHED_STALL_WARNING_S": "-1"}, "BYTESCHED_STALL_WARNING_S"),
+    ({"BYTESCHED_STALL_WARNING_S": "soon"}, "BYTESCHED_STALL_WARNING_S"),
+    ({"BYTESCHED_TIMELINE": "  "}, "BYTESCHED_TIMELINE"),
+    ({"BYTESCHED_LOG_LEVEL": "loud"}, "BYTESCHED_LOG_LEVEL"),
+    ({"BYTESCHED_PARTITON_BYTES": "4MB"}, "BYTESCHED_PARTITON_BYTES"),  # a typo is not ignored
+    ({"BYTESCHEDULER_PARTITION": "-3"}, "BYTESCHEDULER_PARTITION"),
+])
+def test_bad_values_name_the_culprit(env: dict[str, str], culprit: str) -> None:
+    with pytest.raises(ConfigError, match=culprit):
+        from_env(env)
+
+
+def test_legacy_element_counts_are_aliases_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="BYTESCHED_PARTITION_BYTES"):
+        cfg = from_env({"BYTESCHEDULER_PARTITION": "1000000", "BYTESCHEDULER_CREDIT": "4000000"})
+    assert cfg.params == SchedulingParams(partition_bytes=4_000_000, credit_bytes=16_000_000)
+    with pytest.raises(ConfigError, match="keep only"):
+        from_env({"BYTESCHEDULER_CREDIT": "1", "BYTESCHED_CREDIT_BYTES": "4"})
+
+
+def test_every_variable_is_documented() -> None:
+    rows = describe_variables()
+    names = [r[0] for r in rows]
+    assert len(names) == len(set(names))
+    assert all(doc for _, _, doc in rows)
+    assert "BYTESCHED_PARTITION_BYTES" in names and "BYTESCHEDULER_CREDIT" in names
+
+
+def test_format_size() -> None:
+    assert [format_size(x) for x in (UNLIMITED, 4_000_000, 1500, 12)] == ["inf", "4MB", "1.5KB", "12B"]

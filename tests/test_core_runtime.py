@@ -1,0 +1,206 @@
+"""The runtime Core: one scheduler thread fed by concurrent producers, bounded shutdown, errors."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+
+import psutil
+import pytest
+
+import bytesched.core as core_mod
+from bytesched.core import Config, Core, CoreShutdownError, SchedulingParams, SubTask
+
+from coretools import BufferTask
+
+
+class Network:
+    """Finishes started sub-tasks from worker threads after a random short delay (like a backend)."""
+
+    def __init__(self, workers: int = 3, seed: int = 0) -> None:
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.rng = random.Random(seed)
+        self.threads = [threading.Thread(target=self._serve, daemon=True) for _ in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, sub: SubTask) -> None:
+        self.inbox.put(sub)
+
+    def _serve(self) -> None:
+        while (sub := self.inbox.get()) is not None:
+            if self.rng.random() < 0.1:
+                time.sleep(0.0005)
+            sub.task.notify_finish(sub)
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.inbox.put(None)
+        for t in self.threads:
+            t.join(5)
+
+
+def make_core(credit: float = 4000, partition: float = 1000, **kw) -> Core:
+    return Core(Config(params=SchedulingParams(partition_bytes=partition, credit_bytes=credit), **kw)).start()
+
+
+def test_concurrent_producers_all_finish_within_credit() -> None:
+    core = make_core()
+    net = Network()
+    violations: list[str] = []
+    done = threading.Semaphore(0)
+
+    class Task(BufferTask):
+        def start(self, sub: SubTask) -> None:
+            window = core.scheduler.window
+            if window.inflight_count > 1 and window.inflight_bytes > 4000:
+                violations.append(f"{window.inflight_bytes} bytes in flight")
+            super().start(sub)
+            net.submit(sub)
+
+        def on_finish(self) -> None:
+            super().on_finish()
+            done.release()
+
+    tasks: list[Task] = []
+    lock = threading.Lock()
+
+    def produce(p: int) -> None:
+        rng = random.Random(p)
+        for i in range(300):
+            t = Task(f"p{p}.t{i}", rng.randrange(10), 4 * rng.randrange(1, 800))
+            with lock:
+                tasks.append(t)
+            if rng.random() < 0.5:
+                core.enqueue(t, ready=True)
+            else:
+                core.enqueue(t)
+                t.notify_ready()
+
+    producers = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
+    for _ in range(len(tasks)):
+        assert done.acquire(timeout=30), "a task never finished"
+    net.close()
+    core.shutdown(5)
+    assert not violations
+    assert all(t.finished_callbacks == 1 and len(t.started) == len(t.subtasks) for t in tasks)
+    assert core.scheduler.idle and not core.running
+
+
+def test_idle_core_uses_no_cpu() -> None:
+    core = make_core()
+    time.sleep(0.2)
+    tid = core._thread.native_id  # type: ignore[union-attr]
+
+    def cpu() -> float:
+        (thread,) = [t for t in psutil.Process().threads() if t.id == tid]
+        return thread.user_time + thread.system_time
+
+    before = cpu()
+    time.sleep(1.0)
+    used = cpu() - before
+    core.shutdown(1)
+    assert used < 0.05, f"idle Core thread used {used:.3f} s of CPU in 1 s"
+
+
+def test_shutdown_with_work_in_flight_is_bounded_and_tells_the_task() -> None:
+    core = make_core()
+    stuck = BufferTask("stuck", 0, 400)  # started, never finished by anyone
+    core.enqueue(stuck, ready=True)
+    deadline = time.monotonic() + 5
+    while not stuck.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    core.shutdown(timeout=0.5)
+    assert time.monotonic() - t0 < 3
+    assert len(stuck.errors) == 1 and isinstance(stuck.errors[0], CoreShutdownError)
+    with pytest.raises(RuntimeError, match="shut down"):
+        core.enqueue(BufferTask("late", 0, 4))
+
+
+def test_enqueue_before_start_is_an_error() -> None:
+    core = Core(Config())
+    with pytest.raises(RuntimeError, match="not started"):
+        core.enqueue(BufferTask("x", 0, 4))
+
+
+def test_a_failing_start_fails_that_task_only() -> None:
+    core = make_core()
+    finished = threading.Event()
+
+    class Broken(BufferTask):
+        def start(self, sub: SubTask) -> None:
+            raise ValueError("backend refused")
+
+    class Fine(BufferTask):
+        def start(self, sub: SubTask) -> None:
+            self.notify_finish(sub)
+
+        def on_finish(self) -> None:
+            finished.set()
+
+    broken = Broken("broken", 0, 4)
+    core.enqueue(broken, ready=True)
+    core.enqueue(Fine("fine", 1, 4), ready=True)
+    assert finished.wait(5)
+    assert [type(e) for e in broken.errors] == [ValueError]
+    core.shutdown(0.2)
+
+
+def test_a_protocol_violation_stops_the_core_loudly() -> None:
+    core = make_core()
+    task = BufferTask("twice", 0, 4)
+    core.enqueue(task, ready=True)
+    task.notify_ready()
+    deadline = time.monotonic() + 5
+    while core.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not core.running and "ready twice" in str(core.failure)
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        core.enqueue(BufferTask("next", 0, 4))
+
+
+def test_stall_warning_names_the_tensor_and_partition(caplog: pytest.LogCaptureFixture) -> None:
+    core = make_core(stall_warning_s=0.2)
+    core.enqueue(BufferTask("layer3.weight", 0, 400), ready=True)
+    with caplog.at_level(logging.WARNING, logger="bytesched"):
+        time.sleep(0.6)
+    core.shutdown(0.1)
+    assert any("layer3.weight" in r.getMessage() and "partition 0" in r.getMessage() for r in caplog.records)
+
+
+def test_set_params_and_stats_through_the_core() -> None:
+    core = make_core(credit=4, partition=4)
+    held: list[SubTask] = []
+    core.enqueue(BufferTask("a", 0, 16, on_start=held.append), ready=True)
+    time.sleep(0.1)
+    assert len(held) == 1  # credit of 4 bytes: one piece at a time
+    core.set_params(SchedulingParams(partition_bytes=4, credit_bytes=1000))
+    time.sleep(0.1)
+    assert len(held) == 4
+    for sub in held:
+        sub.task.notify_finish(sub)
+    time.sleep(0.1)
+    stats = core.take_stats()
+    assert (stats.subtasks_started, stats.subtasks_finished, stats.bytes_started) == (4, 4, 16)
+    core.shutdown(1)
+
+
+def test_one_core_per_process() -> None:
+    cfg = Config()
+    first = core_mod.init(cfg)
+    try:
+        assert core_mod.init(cfg) is first and core_mod.get_core() is first
+        with pytest.raises(RuntimeError, match="another configuration"):
+            core_mod.init(Config(policy="p3"))
+    finally:
+        core_mod.shutdown(1)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        core_mod.get_core()

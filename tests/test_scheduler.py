@@ -1,0 +1,226 @@
+"""The scheduling state machine (Algorithm 1), driven in virtual time, for every core policy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from bytesched.core import SchedulingError, SchedulingParams, Scheduler, UNLIMITED, split_elements
+from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, make_policy
+
+from coretools import BufferTask, VirtualDriver
+
+
+def arrival_order(policy_name: str, credit: float) -> list[str]:
+    """The §4.2 scenario: tensor 1 is in flight, then 2, 3, 4 arrive; 4 is the most urgent."""
+    sched = Scheduler(make_policy(policy_name, SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=credit)))
+    driver = VirtualDriver(sched, duration=lambda sub: 10.0)
+    tasks = [BufferTask(f"t{i}", priority=5 - i, nbytes=4) for i in range(1, 5)]
+    for i, task in enumerate(tasks):
+        sched.enqueue(task, 0.0)
+        driver.at(float(i), "ready", task)
+    driver.run()
+    return [s.task.name for s in driver.started]
+
+
+def test_section_4_2_credit_window_of_two() -> None:
+    assert arrival_order("bytescheduler", credit=8) == ["t1", "t2", "t4", "t3"]
+
+
+def test_section_4_2_stop_and_wait() -> None:
+    assert arrival_order("p3", credit=8) == ["t1", "t4", "t3", "t2"]
+    assert arrival_order("bytescheduler", credit=4) == ["t1", "t4", "t3", "t2"]
+
+
+def test_fifo_keeps_readiness_order_and_never_partitions() -> None:
+    assert arrival_order("fifo", credit=4) == ["t1", "t2", "t3", "t4"]
+    sched = Scheduler(make_policy("fifo", SchedulingParams(partition_bytes=8)))
+    task = BufferTask("big", 0, 4000)
+    sched.enqueue(task, 0.0)
+    assert len(task.subtasks) == 1
+
+
+def test_oversized_subtask_starts_when_nothing_in_flight() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=10)))
+    small, big = BufferTask("small", 1, 8), BufferTask("big", 0, 400)
+    sched.enqueue(small, 0.0)
+    sched.enqueue(big, 0.0)
+    first = sched.ready(small, 0.0)
+    assert [s.task.name for s in first] == ["small"]
+    assert sched.ready(big, 0.1) == []  # would exceed the credit while small is in flight
+    after = sched.finish(first[0], 1.0)
+    assert [s.task.name for s in after] == ["big"]
+    assert sched.window.inflight_bytes == 400
+
+
+def test_partition_priority_inherits_and_keeps_piece_order() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=40, credit_bytes=40)))
+    low, high = BufferTask("low", 5, 100), BufferTask("high", 1, 100)
+    for t in (low, high):
+        sched.enqueue(t, 0.0)
+    assert [s.nbytes for s in low.subtasks] == [36, 32, 32]  # 25 floats in pieces of <= 10
+    driver = VirtualDriver(sched, duration=lambda sub: 1.0)
+    driver.at(0.0, "ready", low)
+    driver.at(0.5, "ready", high)
+    driver.run()
+    order = [(s.task.name, s.index) for s in driver.started]
+    assert order == [("low", 0), ("high", 0), ("high", 1), ("high", 2), ("low", 1), ("low", 2)]
+
+
+def test_partitions_are_zero_copy_views_covering_the_buffer() -> None:
+    task = BufferTask("t", 0, 4 * 1001)
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=400)))
+    sched.enqueue(task, 0.0)
+    for sub in task.subtasks:
+        sub.payload[:] = bytes([sub.index % 251 + 1]) * sub.nbytes  # writes land in the task's buffer
+    expected = b"".join(bytes([s.index % 251 + 1]) * s.nbytes for s in task.subtasks)
+    assert bytes(task.buffer) == expected
+
+
+def test_set_params_changes_credit_now_and_partition_for_later_tasks() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=40, credit_bytes=40)))
+    a = BufferTask("a", 0, 160)
+    sched.enqueue(a, 0.0)
+    started = sched.ready(a, 0.0)
+    assert len(started) == 1
+    more = sched.set_params(SchedulingParams(partition_bytes=80, credit_bytes=1000), 1.0)
+    assert len(more) == 3  # the larger credit releases a's queued pieces at once
+    b = BufferTask("b", 0, 160)
+    sched.enqueue(b, 1.0)
+    assert [s.nbytes for s in b.subtasks] == [80, 80]
+    assert [s.nbytes for s in a.subtasks] == [40, 40, 40, 40]
+
+
+def test_protocol_violations_are_named() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams()))
+    task = BufferTask("w", 0, 8)
+    with pytest.raises(SchedulingError, match="before it was enqueued"):
+        sched.ready(task, 0.0)
+    sched.enqueue(task, 0.0)
+    with pytest.raises(SchedulingError, match="enqueued twice"):
+        sched.enqueue(task, 0.0)
+    (sub,) = sched.ready(task, 0.0)
+    with pytest.raises(SchedulingError, match="ready twice"):
+        sched.ready(task, 0.0)
+    sched.finish(sub, 1.0)
+    with pytest.raises(SchedulingError, match="finished twice"):
+        sched.finish(sub, 2.0)
+    assert sched.idle
+
+
+def test_instances_tell_iterations_apart() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams()))
+    keys = []
+    for _ in range(3):
+        task = BufferTask("w", 0, 8)
+        sched.enqueue(task, 0.0)
+        (sub,) = sched.ready(task, 0.0)
+        sched.finish(sub, 0.0)
+        keys.append(sub.key)
+    assert keys == [("w", 0, 0), ("w", 1, 0), ("w", 2, 0)]
+
+
+def test_stats_count_bytes_delay_and_peak_credit() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=8)))
+    a, b = BufferTask("a", 0, 8), BufferTask("b", 1, 8)
+    for t in (a, b):
+        sched.enqueue(t, 0.0)
+    (sa,) = sched.ready(a, 0.0)
+    assert sched.ready(b, 0.0) == []
+    (sb,) = sched.finish(sa, 2.0)
+    sched.finish(sb, 3.0)
+    stats = sched.take_stats()
+    assert (stats.tasks, stats.subtasks_started, stats.bytes_started) == (2, 2, 16)
+    assert stats.queue_delay_max == 2.0 and stats.queue_delay_mean == 1.0
+    assert stats.max_inflight_bytes == 8
+    assert sched.take_stats().subtasks_started == 0
+
+
+def test_split_elements_edges() -> None:
+    assert split_elements(0, 4, 100) == [(0, 0)]
+    assert split_elements(10, 4, 1) == [(i, i + 1) for i in range(10)]  # at least one element each
+    assert split_elements(10, 4, math.inf) == [(0, 10)]
+    assert split_elements(10, 4, 12) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+# ---- followers -------------------------------------------------------------------------------
+
+def test_rank0_follower_starts_exactly_in_announced_order() -> None:
+    leader = make_policy("bytescheduler", SchedulingParams(partition_bytes=8, credit_bytes=8))
+    sched = Scheduler(FollowOrderPolicy(leader))
+    a, b = BufferTask("a", 0, 16), BufferTask("b", 1, 16)
+    for t in (a, b):
+        sched.enqueue(t, 0.0)
+    assert sched.announce([("b", 0, 1), ("a", 0, 0)], 0.0) == []  # nothing ready yet
+    assert sched.ready(a, 0.0) == []  # a#0 is announced second: it must wait for b#1
+    out = sched.ready(b, 0.0)
+    assert [s.key for s in out] == [("b", 0, 1), ("a", 0, 0)]
+    out = sched.announce([("a", 0, 1), ("b", 0, 0)], 0.0)
+    assert [s.key for s in out] == [("a", 0, 1), ("b", 0, 0)]
+    assert len(sched.policy) == 0
+
+
+def test_immediate_follower_partitions_like_the_leader() -> None:
+    leader = make_policy("p3", SchedulingParams())
+    sched = Scheduler(ImmediatePolicy(leader))
+    task = BufferTask("t", 0, 400_000)
+    sched.enqueue(task, 0.0)
+    assert len(task.subtasks) == 3  # P3's 160 KB slices
+    assert len(sched.ready(task, 0.0)) == 3  # all at once: the backend negotiates order
+
+
+def test_announce_on_a_leader_is_an_error() -> None:
+    with pytest.raises(SchedulingError, match="followers"):
+        Scheduler(make_policy("bytescheduler", SchedulingParams())).announce([], 0.0)
+
+
+# ---- properties over random task sets --------------------------------------------------------
+
+task_sets = st.lists(
+    st.tuples(st.integers(0, 6), st.integers(1, 400), st.floats(0, 20), st.floats(0.01, 5)),
+    min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tasks=task_sets, partition=st.sampled_from([4, 64, 1000, UNLIMITED]),
+       credit=st.sampled_from([4, 100, 2000, UNLIMITED]),
+       policy=st.sampled_from(["bytescheduler", "fifo", "p3"]))
+def test_every_subtask_starts_once_after_ready_within_credit(tasks, partition, credit, policy) -> None:
+    sched = Scheduler(make_policy(policy, SchedulingParams(partition_bytes=partition, credit_bytes=credit)))
+
+    def duration(sub) -> float:
+        window = sched.window
+        oversized = window.inflight_count == 1 and sub.nbytes > credit
+        if policy == "bytescheduler" and not oversized:
+            assert window.inflight_bytes <= credit
+        if policy == "p3":
+            assert window.inflight_count == 1
+        head = sched.policy.peek(0.0)
+        if policy != "fifo" and head is not None:
+            # Priority: no more urgent sub-task is left waiting when this one starts.
+            assert (sub.task.priority, sub.task.seq, sub.index) < (head.task.priority, head.task.seq, head.index)
+        return durations[sub.task.name]
+
+    driver = VirtualDriver(sched, duration)
+    durations = {}
+    objs = []
+    for i, (prio, nelem, ready_at, dur) in enumerate(tasks):
+        task = BufferTask(f"t{i}", prio, nelem * 4)
+        durations[task.name] = dur
+        sched.enqueue(task, 0.0)
+        driver.at(ready_at, "ready", task)
+        objs.append(task)
+    driver.run()
+
+    assert sched.idle and len(sched.policy) == 0
+    all_subs = [s for t in objs for s in t.subtasks]
+    assert sorted(id(s) for s in driver.started) == sorted(id(s) for s in all_subs)  # each exactly once
+    for task in objs:
+        assert task.finished_callbacks == 0  # on_finish is the runtime Core's call, not the scheduler's
+        assert sum(s.nbytes for s in task.subtasks) == task.nbytes  # partitions cover the tensor
+        limit = task.nbytes if policy == "fifo" or partition == UNLIMITED else max(partition, 4)
+        assert all(s.nbytes <= limit for s in task.subtasks)
+        for s in task.subtasks:
+            assert s.t_ready <= s.t_start <= s.t_finish
