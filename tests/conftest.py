@@ -31,6 +31,11 @@ SETTLE_SECONDS = 3.0
 _SETUP_HINT = "`make test` (which runs scripts/setup.sh) installs the whole stack into .venv"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Silence mxnet 1.9.1's import-time DeprecationWarnings (distutils), which are not ours."""
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:mxnet")
+
+
 def require(module_name: str, component: str | None = None) -> ModuleType:
     """Import ``module_name`` or FAIL the test naming the missing component.
 
@@ -174,12 +179,15 @@ def started(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | Non
 def run_job(argv: Sequence[str | os.PathLike[str]], timeout: float,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to completion within ``timeout`` seconds; on timeout kill it all and FAIL."""
+    timed_out = False
     with started(argv, env=env) as popen:
         try:
             output, _ = popen.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            timed_out = True
             _kill_job(popen)
             output, _ = popen.communicate()
-            pytest.fail(f"{' '.join(map(str, argv))} did not finish within {timeout} s; "
-                        f"output:\n{output[-4000:]}", pytrace=False)
+    if timed_out:
+        pytest.fail(f"{' '.join(map(str, argv))} did not finish within {timeout} s (killed); "
+                    f"output:\n{output[-4000:]}", pytrace=False)
     return subprocess.CompletedProcess(list(map(str, argv)), popen.returncode, output, None)

@@ -105,8 +105,10 @@ class _Job:
     events: queue.Queue[_Exited] = field(default_factory=queue.Queue)
     out_lock: threading.Lock = field(default_factory=threading.Lock)
     # While processes are being started a signal is only recorded (and acted on right after),
-    # so that a process is never left running without being in ``members``.
+    # so that a process is never left running without being in ``members``; once the job is
+    # being stopped, further signals are only recorded (see _signal_handling).
     starting: bool = False
+    stopping: bool = False
     pending_signal: int | None = None
 
     def say(self, message: str) -> None:
@@ -271,6 +273,7 @@ def _start_all(
     finally:
         job.starting = False
     if job.pending_signal is not None:
+        job.stopping = True
         raise _Interrupted(job.pending_signal)
 
 
@@ -438,48 +441,35 @@ def _finish_servers(job: _Job, shutdown_grace: float) -> int:
 
 
 @contextlib.contextmanager
-def _stop_on_signals(job: _Job) -> Iterator[None]:
-    """Turn SIGINT/SIGTERM to the launcher into :class:`_Interrupted` while the job runs.
+def _signal_handling(job: _Job) -> Iterator[None]:
+    """Turn the first SIGINT/SIGTERM to the launcher into :class:`_Interrupted`.
 
     Raising in the main thread (as Python does for Ctrl-C) wakes it from its wait on the event
-    queue so it can stop the job in order. Signal handlers can only be set from the main thread;
-    elsewhere (e.g. a launcher driven from a worker thread) the caller's handling stays as it is.
+    queue so it can stop the job in order. Signals that arrive while processes are being started
+    are recorded and acted on right after; signals that arrive while the job is being stopped
+    are ignored, because stopping is bounded (SIGTERM, a grace period, SIGKILL) and cutting it
+    short would leave processes behind.
+
+    Handlers can only be set from the main thread; elsewhere (a launcher driven from another
+    thread) the caller's handling stays as it is. A signal the launcher was started with
+    ignored (``nohup``, ``&`` in a script) stays ignored, as Python itself does for SIGINT.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, _frame: object) -> None:
-        if job.starting:
-            job.pending_signal = signum
-        else:
-            raise _Interrupted(signum)
+        if job.starting or job.stopping:
+            job.pending_signal = job.pending_signal or signum
+            return
+        job.stopping = True
+        raise _Interrupted(signum)
 
-    # A signal this process was started with ignored (``nohup``, ``&`` in a script) stays ignored,
-    # as Python itself does for SIGINT.
     previous = {
         sig: signal.signal(sig, handler)
         for sig in (signal.SIGINT, signal.SIGTERM)
         if signal.getsignal(sig) is not signal.SIG_IGN
     }
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """Ignore SIGINT/SIGTERM while the job is being stopped, so stopping is not cut short.
-
-    Stopping is bounded (SIGTERM, a grace period, SIGKILL), so a second Ctrl-C has nothing
-    faster to offer, and being interrupted half-way would leave processes behind.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
@@ -535,12 +525,12 @@ def launch_ps(
         LaunchError: the arguments cannot make a job.
     """
     _check_arguments(command, num_workers, num_servers, port, timeout, kill_grace, shutdown_grace)
-    job = _Job(out=stdout or sys.stdout, err=stderr or sys.stderr)
+    job = _Job(out=sys.stdout if stdout is None else stdout,
+               err=sys.stderr if stderr is None else stderr)
     port = port if port is not None else free_port(host)
     started = time.monotonic()
-    status: int | None = None
-    try:
-        with _stop_on_signals(job):
+    with _signal_handling(job):
+        try:
             _start_all(job, command, num_workers, num_servers, host, port,
                        os.environ if env is None else env, python or sys.executable)
             status = _watch(job, timeout, started)
@@ -549,11 +539,11 @@ def launch_ps(
                 status = EXIT_TIMEOUT
             elif status == 0:
                 status = _finish_servers(job, shutdown_grace)
-    except _Interrupted as stop:
-        job.say(f"received {signal.Signals(stop.signum).name}; stopping the job")
-        status = 128 + stop.signum
-    finally:
-        with _signals_ignored():
+        except _Interrupted as stop:
+            job.say(f"received {signal.Signals(stop.signum).name}; stopping the job")
+            status = 128 + stop.signum
+        finally:
+            job.stopping = True  # from here on, signals to the launcher are only recorded
             _stop(job, kill_grace)
     return status
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import sys
 
+# torch must be imported before horovod.mxnet: with torch 2.13, mxnet 1.9.1 and horovod 0.28.1,
+# `import horovod.mxnet; import torch` segfaults while loading torch._C.
+import torch  # noqa: I001  (keep first)
 import horovod.mxnet as hvd_mx
 import horovod.torch as hvd
 import mxnet as mx
 import numpy as np
-import torch
 
 SIZES = {"small": 10, "fused": 3000, "large": 1 << 20}
 
