@@ -8,11 +8,15 @@ from .bytescheduler import ByteSchedulerPolicy
 from .fifo import FifoPolicy
 from .follow import FollowOrderPolicy, ImmediatePolicy
 from .p3 import P3Policy
+from .prophet import ProphetPolicy
+from .tictac import TicTacPolicy
 
 _REGISTRY: dict[str, type[Policy]] = {
     ByteSchedulerPolicy.name: ByteSchedulerPolicy,
     FifoPolicy.name: FifoPolicy,
     P3Policy.name: P3Policy,
+    TicTacPolicy.name: TicTacPolicy,
+    ProphetPolicy.name: ProphetPolicy,
 }
 
 
@@ -33,5 +37,6 @@ def make_policy(name: str, params: SchedulingParams) -> Policy:
 
 __all__ = [
     "Policy", "PriorityPolicy", "CreditPolicy", "Window", "ByteSchedulerPolicy", "FifoPolicy",
-    "P3Policy", "ImmediatePolicy", "FollowOrderPolicy", "make_policy", "register",
+    "P3Policy", "TicTacPolicy", "ProphetPolicy", "ImmediatePolicy", "FollowOrderPolicy",
+    "make_policy", "register",
 ]
