@@ -14,7 +14,7 @@ LOG_DIR="$CACHE/logs"
 mkdir -p "$LOG_DIR"
 
 stage=0
-STAGES=5
+STAGES=6
 say() { stage=$((stage + 1)); echo "[setup $stage/$STAGES] $*"; }
 
 # Runs a command with its output in a log; on failure names the step and shows the log's tail.
@@ -94,6 +94,16 @@ if [ "$(cat "$horovod_stamp" 2>/dev/null)" != "$WHEEL_DIR" ]; then
 else
   echo "    installed from the cached wheel and checked before"
 fi
+
+say "MXNet Dependency Proxy library (csrc/, against the mxnet wheel's headers and libmxnet.so)"
+# csrc/build.py skips the compiler when source, command and libmxnet.so are unchanged; on failure
+# it names what is missing (g++, the mxnet headers) or shows the compiler's error.
+if ! csrc_out="$("$VENV/bin/python" "$ROOT/csrc/build.py" 2>&1)"; then
+  echo "[setup] FAILED: building the MXNet Dependency Proxy library:" >&2
+  echo "$csrc_out" | tail -n 30 | sed 's/^/    /' >&2
+  exit 1
+fi
+echo "    $csrc_out"
 
 say "bytesched (editable)"
 "$VENV/bin/python" -c "import bytesched" >/dev/null 2>&1 || run_logged "pip install -e ." "$LOG_DIR/bytesched-install.log" \

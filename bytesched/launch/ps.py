@@ -265,8 +265,13 @@ def _start_all(
         _start(job, "scheduler", 0, [python, "-c", _SERVE_CODE], env_for("scheduler"))
         for rank in range(num_servers):
             _start(job, "server", rank, [python, "-c", _SERVE_CODE], env_for("server"))
+        # The workers' rank-0 channel (bytesched.core.channel): worker 0 listens on `host` at a
+        # port of this job's own, unless the caller chose one.
+        channel = {"BYTESCHED_CHANNEL_HOST": host, "BYTESCHED_CHANNEL_PORT": str(free_port(host))}
         for rank in range(num_workers):
             env = env_for("worker")
+            for name, value in channel.items():
+                env.setdefault(name, value)
             env["BYTESCHED_RANK"] = str(rank)
             env["BYTESCHED_WORLD_SIZE"] = str(num_workers)
             _start(job, "worker", rank, command, env)
@@ -501,6 +506,8 @@ def launch_ps(
         command: the worker's argv, e.g. ``["python", "train.py"]``. Every worker runs the same
             command; ``BYTESCHED_RANK`` (0..W-1) and ``BYTESCHED_WORLD_SIZE`` tell them apart.
             (ps-lite gives KVStore ranks in connection order, so ``kv.rank`` may differ.)
+            ``BYTESCHED_CHANNEL_HOST``/``PORT`` (the rank-0 channel) default to ``host`` and a
+            free port of this job.
         num_workers: W >= 1.
         num_servers: S >= 1.
         host: the address every process binds and advertises; loopback by default.

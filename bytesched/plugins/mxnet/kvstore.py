@@ -1,0 +1,424 @@
+"""ScheduledKVStore: MXNet KVStore push/pull scheduled by the bytesched Core (paper §5).
+
+    kv = ScheduledKVStore(mx.kv.create("dist_sync"))   # then used unchanged
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
+
+Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
+sub-tasks are the key's partitions, each stored under its own server key (see :mod:`.layout`).
+The call returns at once, as MXNet's does, having posted into MXNet's engine the wrapped store's
+own push and pull of every partition, on avatars, between Dependency Proxies
+(:mod:`.task`). Partitions of one tensor move independently, so the pull of one overlaps the
+push of the next and both directions of every link are busy.
+
+Cross-worker order. A ``dist_sync`` server answers a push only after every worker pushed that
+key. Workers that started their pushes in different orders under a credit limit would each wait
+for a push the other holds back: a deadlock. With ``dist_sync`` the store therefore runs the
+Core in ``rank0`` order mode: rank 0 alone applies the policy and credit, and announces every
+start over the rank-0 channel; the others start exactly that sequence, each partition as soon
+as it is ready locally, without credit. Every worker then pushes the keys in one global order,
+and a push that rank 0 started is eventually started by everyone, so no cycle of waits can form.
+``dist_async`` servers answer each push alone and ``local`` has one worker: they use
+``immediate`` order (no channel).
+
+Re-partitioning. :meth:`ScheduledKVStore.set_params` with a new partition size takes effect at a
+step boundary: the store waits for its communication to finish, initialises fresh server keys at
+the new size with the values the workers last pulled (a collective MXNet init), and re-sends
+the optimizer wrapper, which carries optimizer states over on the servers
+(:mod:`.server_optimizer`). No checkpoint, no restart.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import threading
+from typing import Any, Sequence
+
+import mxnet as mx
+import numpy as np
+from mxnet.kvstore import KVStoreBase
+
+from bytesched import core as bcore
+from bytesched.core import Config, SchedulingParams
+from bytesched.core.config import configure_logging, from_env
+from bytesched.core.policies import make_policy
+from bytesched.core.timeline import open_timeline
+
+from .layout import KeyLayout, ServerKeyTable, UserKey
+from .proxies import events
+from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
+from .task import Arrays, Avatars, ProxiedTask, unique_arrays
+
+log = logging.getLogger("bytesched")
+
+# Stores created in this process, in order: with the count of optimizers a store was given, it
+# names an optimizer identically on every worker (workers create their stores alike).
+_STORES = itertools.count()
+
+
+class KVCommTask(ProxiedTask):
+    """One user key's push, pull or push+pull; its sub-tasks are the key's server-key partitions."""
+
+    def __init__(self, store: "ScheduledKVStore", kind: str, layout: KeyLayout, priority: int) -> None:
+        super().__init__(f"{kind}:{layout.user_key}", priority, layout.ranges, layout.itemsize, store.events)
+        self.store = store
+        self.layout = layout
+
+    def on_finish(self) -> None:
+        super().on_finish()
+        self.store._forget(self)
+
+    def on_error(self, error: BaseException) -> None:
+        super().on_error(error)
+        self.store._failed(self, error)
+
+
+def _launch_rank(kv: mx.kv.KVStore) -> tuple[int, int]:
+    """This worker's rank and the number of workers.
+
+    ``bytesched launch`` sets BYTESCHED_RANK / BYTESCHED_WORLD_SIZE (deterministic, so rank 0 and
+    the channel's host are known in advance); otherwise ps-lite's numbering is used.
+    """
+    rank, size = os.environ.get("BYTESCHED_RANK"), os.environ.get("BYTESCHED_WORLD_SIZE")
+    if rank is None or size is None:
+        return kv.rank, kv.num_workers
+    if not (rank.isdigit() and size.isdigit() and int(rank) < int(size)):
+        raise bcore.ConfigError(f"BYTESCHED_RANK={rank!r} / BYTESCHED_WORLD_SIZE={size!r}: expected "
+                                "integers with 0 <= rank < world size")
+    if int(size) != kv.num_workers:
+        raise bcore.ConfigError(f"BYTESCHED_WORLD_SIZE={size} but the KVStore has {kv.num_workers} workers")
+    return int(rank), int(size)
+
+
+def _placement(kv_type: str) -> tuple[int, int]:
+    """Server count and big-array bound, read where MXNet reads them (ps-lite's DMLC_NUM_SERVER,
+    MXNet's MXNET_KVSTORE_BIGARRAY_BOUND), so keys are placed by MXNet's own rules."""
+    if "dist" not in kv_type:
+        return 1, 1_000_000
+    servers = os.environ.get("DMLC_NUM_SERVER", "")
+    bound = os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000")
+    if not servers.isdigit() or not bound.isdigit():
+        raise bcore.ConfigError(f"DMLC_NUM_SERVER={servers!r} / MXNET_KVSTORE_BIGARRAY_BOUND={bound!r}: "
+                                "expected integers (a dist KVStore needs DMLC_NUM_SERVER)")
+    return int(servers), int(bound)
+
+
+def _order_for(kv_type: str, config: Config, world_size: int) -> str:
+    if config.order != "auto":
+        return config.order
+    return "rank0" if world_size > 1 and "dist" in kv_type and "async" not in kv_type else "immediate"
+
+
+class ScheduledKVStore(KVStoreBase):
+    """An MXNet KVStore whose communication the bytesched Core schedules (see the module doc).
+
+    Args:
+        kvstore: the store to wrap, from ``mx.kv.create("dist_sync" | "dist_async" | "local")``.
+        config: bytesched settings (default: from the ``BYTESCHED_*`` environment).
+    """
+
+    def __init__(self, kvstore: mx.kv.KVStore, config: Config | None = None) -> None:
+        if isinstance(kvstore, ScheduledKVStore) or not isinstance(kvstore, mx.kv.KVStore):
+            raise TypeError("ScheduledKVStore wraps an MXNet KVStore from mx.kv.create(...), "
+                            f"got {type(kvstore).__name__}")
+        self._kv = kvstore
+        self.config = config if config is not None else from_env()
+        configure_logging(self.config)
+        self.events = events()
+        self.library = self.events.library
+        self._table = ServerKeyTable(*_placement(kvstore.type))
+        self._partition_bytes = make_policy(self.config.policy, self.config.params).partition_bytes()
+        self.core_rank, self.world_size = _launch_rank(kvstore)
+        self.order = _order_for(kvstore.type, self.config, self.world_size)
+        self._channel = None
+        if self.order == "rank0" and self.world_size > 1:
+            from bytesched.core.channel import open_channel
+            self._channel = open_channel(self.config, self.core_rank, self.world_size)
+        self._core = bcore.init(self.config, rank=self.core_rank, order=self.order, channel=self._channel,
+                                timeline=open_timeline(self.config, rank=self.core_rank,
+                                                       world_size=self.world_size))
+        self._lock = threading.Condition()
+        self._tasks: dict[int, KVCommTask] = {}
+        self._error: BaseException | None = None
+        self._avatars: dict[tuple[str, UserKey], Avatars] = {}
+        self._optimizer: mx.optimizer.Optimizer | None = None
+        self._optimizer_version = (next(_STORES), 0)
+        self._installed: PartitionedOptimizer | None = None
+        self._installed_for: tuple[tuple[int, int], int, int] | None = None
+        self._previous_parts: dict[int, Part] = {}
+        # Per key, the array that last received the key's server value (init, pull): what a
+        # re-partition initialises the new server keys with, unless the key was pushed since. (Pulling the old keys instead is
+        # not safe: MXNet's dist store pulls into the buffer of the last push, on the CPU the
+        # gradient itself, which by then holds the next step's gradient.)
+        self._last_value: dict[UserKey, mx.nd.NDArray] = {}
+        self._pushed_since_pull: set[UserKey] = set()
+        self.step = 0
+        self._seen: set[tuple[str, UserKey]] = set()
+        self._pending: tuple[SchedulingParams, int | None] | None = None
+        self._closed = False
+        atexit.register(self.close)
+
+    # -- the KVStore interface ----------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return self._kv.type
+
+    @property
+    def rank(self) -> int:
+        """The wrapped store's (ps-lite) rank; the Core's rank is :attr:`core_rank`."""
+        return self._kv.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._kv.num_workers
+
+    @property
+    def partition_bytes(self) -> float:
+        """The partition size of the current server-key layout."""
+        return self._partition_bytes
+
+    def is_capable(self, capability: str) -> bool:
+        return self._kv.is_capable(capability)
+
+    def init(self, key: Any, value: Any) -> None:
+        """Lay out each key's server keys and initialise them with zero-copy slices of ``value``."""
+        keys, values = [], []
+        for user_key, arrays in self._pairs(key, value):
+            if len(arrays) != 1:
+                raise ValueError(f"init of key {user_key!r}: give one array per key, got {len(arrays)}")
+            array = arrays[0]
+            self._check_dense(user_key, array)
+            layout = self._table.add(user_key, array.shape, array.dtype, self._partition_bytes)
+            flat = array.reshape(-1)
+            self._last_value[user_key] = array
+            keys += layout.server_keys
+            values += [flat[a:b] for a, b in layout.ranges]
+        self._kv.init(keys, values)
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+        """Initialise from rank 0's ``value`` and pull the result into ``out`` (as MXNet does)."""
+        self.init(key, value)
+        keys, outs = [], []
+        for user_key, arrays in self._pairs(key, out):
+            layout = self._table[user_key]
+            self._last_value[user_key] = arrays[0]
+            flats = [a.reshape(-1) for a in arrays]
+            keys += layout.server_keys
+            outs += [[f[a:b] for f in flats] for a, b in layout.ranges]
+        self._kv.pull(keys, out=outs, priority=priority)
+
+    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        """Scheduled push; a partition counts as finished once the store has taken its data."""
+        for user_key, arrays in self._pairs(key, value):
+            self._submit("push", user_key, arrays, [], priority)
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
+        """Scheduled pull into ``out``."""
+        if out is None:
+            raise ValueError("pull needs `out`")
+        for user_key, arrays in self._pairs(key, out):
+            self._submit("pull", user_key, [], arrays, priority)
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+        """Scheduled push of ``value`` and pull into ``out`` (``value`` itself if omitted)."""
+        pushes = self._pairs(key, value)
+        pulls = pushes if out is None else self._pairs(key, out)
+        for (user_key, values), (_, outs) in zip(pushes, pulls):
+            self._submit("pushpull", user_key, values, outs, priority)
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
+        raise NotImplementedError("ScheduledKVStore schedules dense tensors only; row_sparse_pull "
+                                  "is not supported (use the wrapped store for sparse parameters)")
+
+    def set_optimizer(self, optimizer: mx.optimizer.Optimizer) -> None:
+        """Run ``optimizer`` in the store, per partition as if per parameter.
+
+        Sent to the store before the next push, once the keys it applies to are laid out.
+        """
+        name = type(optimizer).__name__.lower()
+        if name in NOT_ELEMENTWISE:
+            log.warning("optimizer %s is not elementwise: partitioned updates differ from "
+                        "whole-tensor ones (use partition size inf to avoid partitioning)", name)
+        self._optimizer = optimizer
+        self._optimizer_version = (self._optimizer_version[0], self._optimizer_version[1] + 1)
+
+    def set_gradient_compression(self, compression_params: dict) -> None:
+        self._kv.set_gradient_compression(compression_params)
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        self._kv.save_optimizer_states(fname, dump_optimizer)
+
+    def load_optimizer_states(self, fname: str) -> None:
+        self._kv.load_optimizer_states(fname)
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else (e.g. _barrier, _send_command_to_servers) is the wrapped store's.
+        if name.startswith("__") or "_kv" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self._kv, name)
+
+    # -- re-partitioning ----------------------------------------------------------------------
+    def set_params(self, params: SchedulingParams, at_step: int | None = None) -> None:
+        """New partition and credit sizes. The credit applies now; a new partition size
+        re-partitions the server keys at step ``at_step`` (default: the next step), which every
+        worker must be given alike (a step is one round of push/pull over the keys)."""
+        if at_step is not None and at_step <= self.step:
+            raise ValueError(f"at_step={at_step} has passed (this worker is at step {self.step})")
+        self._core.set_params(params)
+        self._pending = (params, at_step)
+
+    def _maybe_repartition(self) -> None:
+        if self._pending is None:
+            return
+        params, at_step = self._pending
+        if at_step is not None and self.step < at_step:
+            return
+        self._pending = None
+        size = params.partition_bytes
+        if size is None:
+            size = make_policy(self.config.policy, params).partition_bytes()
+        if size == self._partition_bytes:
+            return
+        self.wait_idle()
+        layouts = self._table.layouts()
+        if self._pushed_since_pull:
+            raise RuntimeError(f"cannot re-partition: keys {sorted(map(str, self._pushed_since_pull))} were "
+                               "pushed but not pulled since, so this worker does not know their server "
+                               "values (re-partition after a pull, or use pushpull)")
+        self._previous_parts = self._parts(layouts)
+        pairs = self._table.repartition(size)
+        new_keys, values = [], []
+        for _, new in pairs:
+            flat = self._last_value[new.user_key].reshape(-1)
+            new_keys += new.server_keys
+            values += [flat[a:b] for a, b in new.ranges]
+        self._kv.init(new_keys, values)
+        self._partition_bytes = size
+        self._avatars.clear()
+        log.info("re-partitioned %d keys at %s bytes (step %d)", len(pairs), size, self.step)
+
+    # -- submission -------------------------------------------------------------------------
+    def _submit(self, kind: str, user_key: UserKey, values: Arrays, outs: Arrays, priority: int) -> None:
+        self._check_healthy()
+        self._next_step_if(kind, user_key)
+        self._install_optimizer()
+        layout = self._table[user_key]
+        for array in values + outs:
+            self._check_dense(user_key, array)
+            if array.size != layout.numel or np.dtype(array.dtype).name != layout.dtype:
+                raise ValueError(f"key {user_key!r}: array of shape {array.shape} and type "
+                                 f"{np.dtype(array.dtype).name} does not match the initialised "
+                                 f"{layout.shape} {layout.dtype}")
+        if values:
+            self._pushed_since_pull.add(user_key)
+        if outs:
+            self._last_value[user_key] = outs[0]
+            self._pushed_since_pull.discard(user_key)
+        arrays = unique_arrays(values + outs)
+        avatars = self._avatars.get((kind, user_key))
+        if avatars is None or not avatars.matches(arrays, layout.ranges):
+            avatars = self._avatars[(kind, user_key)] = Avatars(self.library, arrays, layout.ranges)
+        task = KVCommTask(self, kind, layout, -priority)
+        with self._lock:
+            self._tasks[task.token] = task
+        self._core.enqueue(task)
+
+        def communicate() -> None:
+            keys = list(layout.server_keys)
+            if values:
+                self._kv.push(keys, avatars.of(values), priority=priority)
+            if outs:
+                self._kv.pull(keys, out=avatars.of(outs), priority=priority)
+
+        task.post(arrays, avatars, priority, communicate)
+
+    def _next_step_if(self, kind: str, user_key: UserKey) -> None:
+        """A key communicated again starts a new step (Trainer and Module touch each key once
+        per step); due re-partitions happen there, before anything of the new step is posted."""
+        if (kind, user_key) in self._seen:
+            self.step += 1
+            self._seen.clear()
+            self._maybe_repartition()
+        self._seen.add((kind, user_key))
+
+    def _install_optimizer(self) -> None:
+        """Send the optimizer wrapper when the optimizer or the key layout changed."""
+        if self._optimizer is None:
+            return
+        layouts = self._table.layouts()
+        wanted = (self._optimizer_version, self._table.generation, len(layouts))
+        if wanted == self._installed_for:
+            return
+        parts = {**self._previous_parts, **self._parts(layouts)}
+        wrapper = PartitionedOptimizer(self._optimizer, parts, version=self._optimizer_version,
+                                       generation=self._table.generation)
+        if self._installed is not None:
+            wrapper.adopt(self._installed)
+        self._kv.set_optimizer(wrapper)
+        self._installed, self._installed_for = wrapper, wanted
+
+    @staticmethod
+    def _parts(layouts: Sequence[KeyLayout]) -> dict[int, Part]:
+        return {key: Part(lay.plain_index, a, b, lay.generation)
+                for lay in layouts for key, (a, b) in zip(lay.server_keys, lay.ranges)}
+
+    # -- task completion ----------------------------------------------------------------------
+    def _forget(self, task: KVCommTask) -> None:
+        with self._lock:
+            self._tasks.pop(task.token, None)
+            self._lock.notify_all()
+
+    def _failed(self, task: KVCommTask, error: BaseException) -> None:
+        log.error("communication of %r failed: %s", task, error)
+        with self._lock:
+            self._error = self._error or error
+            self._tasks.pop(task.token, None)
+            self._lock.notify_all()
+
+    def _check_healthy(self) -> None:
+        if self._closed:
+            raise RuntimeError("this ScheduledKVStore was closed")
+        if self._error is not None:
+            raise RuntimeError(f"bytesched communication failed earlier: {self._error}") from self._error
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Block until every submitted push/pull has finished (a TimeoutError after ``timeout``)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: not self._tasks or self._error is not None, timeout):
+                raise TimeoutError(f"{len(self._tasks)} bytesched KVStore tasks still unfinished after {timeout} s")
+        self._check_healthy()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish outstanding communication, then close the rank-0 channel (idempotent; also
+        run at exit, before the proxies are drained)."""
+        if self._closed:
+            return
+        try:
+            if self._core.running and self._error is None:
+                self.wait_idle(timeout)
+        except (TimeoutError, RuntimeError) as error:
+            log.error("closing the ScheduledKVStore: %s", error)
+        finally:
+            self._closed = True
+            if self._channel is not None:
+                self._channel.close()
+
+    # -- argument handling --------------------------------------------------------------------
+    @staticmethod
+    def _pairs(key: Any, value: Any) -> list[tuple[UserKey, Arrays]]:
+        """MXNet's key/value forms as (key, [array per device]) pairs."""
+        if isinstance(key, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or len(value) != len(key):
+                raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
+            return [(k, [v] if isinstance(v, mx.nd.NDArray) else list(v)) for k, v in zip(key, value)]
+        return [(key, [value] if isinstance(value, mx.nd.NDArray) else list(value))]
+
+    @staticmethod
+    def _check_dense(user_key: UserKey, array: mx.nd.NDArray) -> None:
+        if not isinstance(array, mx.nd.NDArray):
+            raise TypeError(f"key {user_key!r}: expected an NDArray, got {type(array).__name__}")
+        if array.stype != "default":
+            raise NotImplementedError(f"key {user_key!r}: {array.stype} arrays are not supported by "
+                                      "ScheduledKVStore (dense tensors only)")

@@ -1,0 +1,198 @@
+"""Python side of the MXNet Dependency Proxies (csrc/proxies.cc), loaded with ctypes.
+
+The C++ library posts the proxy operations into MXNet's engine and queues their events; this
+module loads it, wraps its calls, makes avatars, and runs the one thread that turns queued
+engine events into :meth:`CommTask.notify_ready` / :meth:`CommTask.notify_finish`. Engine threads
+never enter Python: they only push to the library's queue.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import threading
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import mxnet as mx
+from mxnet.base import NDArrayHandle
+
+log = logging.getLogger("bytesched")
+
+LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
+ABI_VERSION = 1
+EVENT_READY = 1
+EVENT_FINISH = 2
+_BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
+               "needs g++ and the mxnet wheel's headers)")
+
+
+class ProxyLibraryError(RuntimeError):
+    """The proxy library is missing, stale, or one of its calls failed."""
+
+
+def _handles(arrays: Sequence[mx.nd.NDArray]) -> ctypes.Array:
+    return (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
+
+
+class ProxyLibrary:
+    """The loaded ``libbytesched_mxnet.so``: posts proxies and fences, releases proxies."""
+
+    def __init__(self, path: Path = LIBRARY) -> None:
+        if not path.exists():
+            raise ProxyLibraryError(f"the MXNet Dependency Proxy library {path} does not exist: {_BUILD_HINT}")
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as error:
+            raise ProxyLibraryError(f"cannot load {path} ({error}): rebuild it; {_BUILD_HINT}") from error
+        if lib.bs_abi_version() != ABI_VERSION:
+            raise ProxyLibraryError(f"{path} is a stale build (interface {lib.bs_abi_version()}, "
+                                    f"expected {ABI_VERSION}): {_BUILD_HINT}")
+        u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
+        lib.bs_last_error.restype = ctypes.c_char_p
+        lib.bs_post_fence.argtypes = [vp, i32, vp, i32, i32, ctypes.c_char_p]
+        lib.bs_post_ready.argtypes = [u64, i32, vp, i32, vp, i32, i32]
+        lib.bs_release.argtypes = [u64, i32]
+        lib.bs_post_finish.argtypes = [u64, i32, vp, i32, i32]
+        lib.bs_next_events.argtypes = [vp, vp, vp, i32, i32]
+        lib.bs_make_avatar.argtypes = [vp, ctypes.POINTER(vp)]
+        self._lib = lib
+        self.path = path
+
+    def _check(self, status: int, what: str) -> None:
+        if status < 0:
+            raise ProxyLibraryError(f"{what}: {self._lib.bs_last_error().decode(errors='replace')}")
+
+    def post_fence(self, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray],
+                   priority: int, name: str) -> None:
+        """An engine operation that orders after earlier users of ``reads``/``writes`` and
+        before later ones, and does nothing else."""
+        self._check(self._lib.bs_post_fence(_handles(reads), len(reads), _handles(writes), len(writes),
+                                            priority, name.encode()), "posting a fence")
+
+    def post_ready(self, task: int, reads: Sequence[mx.nd.NDArray],
+                   avatars: Sequence[Sequence[mx.nd.NDArray]], priority: int) -> None:
+        """One ready proxy per partition: proxy i reads ``reads``, holds ``avatars[i]``."""
+        flat = [a for part in avatars for a in part]
+        self._check(self._lib.bs_post_ready(task, len(avatars), _handles(reads), len(reads),
+                                            _handles(flat), len(avatars[0]), priority),
+                    "posting ready proxies")
+
+    def release(self, task: int, index: int) -> None:
+        """Let ready proxy ``index`` of ``task`` complete, so its push/pull may run."""
+        self._check(self._lib.bs_release(task, index), f"releasing proxy {index} of task {task}")
+
+    def post_finish(self, task: int, avatars: Sequence[Sequence[mx.nd.NDArray]], priority: int) -> None:
+        """One finish proxy per partition, after whatever last wrote ``avatars[i]``."""
+        flat = [a for part in avatars for a in part]
+        self._check(self._lib.bs_post_finish(task, len(avatars), _handles(flat), len(avatars[0]), priority),
+                    "posting finish proxies")
+
+    def make_avatar(self, array: mx.nd.NDArray) -> mx.nd.NDArray:
+        """A new NDArray over ``array``'s memory with its own engine variable."""
+        out = ctypes.c_void_p()
+        self._check(self._lib.bs_make_avatar(array.handle, ctypes.byref(out)), "making an avatar")
+        return mx.nd.NDArray(NDArrayHandle(out.value))
+
+    def drain(self) -> int:
+        """Release every open proxy and complete later ones at once (shutdown)."""
+        return int(self._lib.bs_drain())
+
+    def close(self) -> None:
+        """Wake the event thread and let it end."""
+        self._lib.bs_close()
+
+    def next_events(self, capacity: int, timeout_ms: int) -> list[tuple[int, int, int]] | None:
+        """Up to ``capacity`` queued (kind, task, index) events, waiting up to ``timeout_ms``
+        (forever if negative); ``None`` once closed."""
+        kinds = (ctypes.c_int32 * capacity)()
+        indices = (ctypes.c_int32 * capacity)()
+        tasks = (ctypes.c_uint64 * capacity)()
+        n = self._lib.bs_next_events(kinds, indices, tasks, capacity, timeout_ms)
+        if n == -2:
+            return None
+        self._check(n, "waiting for proxy events")
+        return [(kinds[i], tasks[i], indices[i]) for i in range(n)]
+
+
+class ProxyTarget(Protocol):
+    """What a proxy event is delivered to (a CommTask of the plugin)."""
+
+    def proxy_ready(self) -> None:
+        """Every ready proxy of the task has run: the tensor exists."""
+
+    def proxy_finished(self, index: int) -> None:
+        """Partition ``index``'s communication has written its data."""
+
+
+class ProxyEvents:
+    """The process's proxy tokens and the one thread that delivers their events.
+
+    A token names one task's proxies in the C++ library. The thread sleeps in the library's
+    blocking wait (the GIL is released there), so it costs nothing while the engine is quiet,
+    and it takes events in batches, so thousands of tiny partitions cost one Python wake-up per
+    batch rather than one per partition.
+    """
+
+    BATCH = 256
+
+    def __init__(self, library: ProxyLibrary) -> None:
+        self.library = library
+        self._targets: dict[int, ProxyTarget] = {}
+        self._next = 1
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="bytesched-mxnet-proxy-events", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def register(self, target: ProxyTarget) -> int:
+        """A fresh token whose events go to ``target`` until :meth:`forget`."""
+        with self._lock:
+            token = self._next
+            self._next += 1
+            self._targets[token] = target
+        return token
+
+    def forget(self, token: int) -> None:
+        with self._lock:
+            self._targets.pop(token, None)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """At exit: release every proxy (MXNet waits for all engine operations when the process
+        ends, so none may stay open), deliver what is queued, end the thread."""
+        self.library.drain()
+        self.library.close()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            events = self.library.next_events(self.BATCH, -1)
+            if events is None:
+                return
+            for kind, token, index in events:
+                with self._lock:
+                    target = self._targets.get(token)
+                if target is None:
+                    log.error("proxy event (%d, partition %d) for unknown task token %d", kind, index, token)
+                    continue
+                try:
+                    if kind == EVENT_READY:
+                        target.proxy_ready()
+                    else:
+                        target.proxy_finished(index)
+                except Exception:  # one bad task must not stop delivery to the others
+                    log.exception("delivering proxy event (%d, task %d, partition %d) failed", kind, token, index)
+
+
+_events: ProxyEvents | None = None
+_lock = threading.Lock()
+
+
+def events() -> ProxyEvents:
+    """The process's proxy library and event thread (loaded and started once)."""
+    global _events
+    with _lock:
+        if _events is None:
+            _events = ProxyEvents(ProxyLibrary())
+        return _events

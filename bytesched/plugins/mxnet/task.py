@@ -1,0 +1,105 @@
+"""ProxiedTask: a CommTask whose partitions are gated inside MXNet's engine by Dependency Proxies.
+
+Both MXNet plugins (KVStore push/pull, Horovod all-reduce) communicate the same way; only the
+backend call differs. :meth:`ProxiedTask.post` puts the whole chain into the engine, in program
+order, from the framework's thread (paper §3.3, Figure 6)::
+
+    entry fence     mutates the tensors: waits for every earlier user (e.g. backward still
+                    reading a weight the pull will overwrite)
+    ready proxies   one per partition; read the tensors, hold that partition's avatars; when
+                    the engine runs them the gradient exists -> notify_ready(); each completes
+                    only when the Core starts its partition -> CommTask.start()
+    backend         the plugin's push/pull or all-reduce of every partition, on the avatars
+    finish proxies  one per partition, after the backend wrote its avatars -> notify_finish()
+    exit fence      mutates the tensors after all of it: later framework work waits here
+
+An *avatar* is an NDArray over a partition of the tensor's memory with its own engine variable
+(:meth:`ProxyLibrary.make_avatar`). Holding avatars instead of the tensor keeps a delayed
+partition from blocking anything but that tensor's next use, and lets the partitions of one
+tensor be started, sent and finished independently.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import mxnet as mx
+
+from bytesched.core import CommTask, SubTask
+
+from .proxies import ProxyEvents, ProxyLibrary
+
+Arrays = list[mx.nd.NDArray]
+Ranges = Sequence[tuple[int, int]]
+
+
+class Avatars:
+    """Per partition, one avatar of each given tensor's elements ``[start, stop)`` (flattened)."""
+
+    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
+        self.arrays = arrays
+        self.ranges = tuple(ranges)
+        flats = [a.reshape(-1) for a in arrays]
+        self.parts: list[Arrays] = [[library.make_avatar(flat[start:stop]) for flat in flats]
+                                    for start, stop in ranges]
+
+    def matches(self, arrays: Arrays, ranges: Ranges) -> bool:
+        """Built for these very arrays (identity: memory can move with a new NDArray) and ranges."""
+        return (self.ranges == tuple(ranges) and len(arrays) == len(self.arrays)
+                and all(a is b for a, b in zip(arrays, self.arrays)))
+
+    def of(self, arrays: Arrays) -> list[Arrays]:
+        """Per partition, the avatars of ``arrays`` (a subset of the tensors, in that order)."""
+        position = {a.handle.value: j for j, a in enumerate(self.arrays)}
+        return [[part[position[a.handle.value]] for a in arrays] for part in self.parts]
+
+
+def unique_arrays(arrays: Arrays) -> Arrays:
+    """``arrays`` without repeats (the engine rejects a variable listed twice)."""
+    return list({a.handle.value: a for a in arrays}.values())
+
+
+class ProxiedTask(CommTask):
+    """A CommTask over fixed element ranges of its tensors, gated by Dependency Proxies.
+
+    The ranges are fixed when the task is created, because the engine operations of every
+    partition are posted right then; :meth:`partition` returns them whatever size the Core asks
+    (the plugins lay tensors out at the Core's partition size, and apply a new size to tasks
+    created after it).
+    """
+
+    def __init__(self, name: str, priority: int, ranges: Ranges, itemsize: int, events: ProxyEvents) -> None:
+        super().__init__(name, priority, (ranges[-1][1] - ranges[0][0]) * itemsize)
+        self.ranges = tuple(ranges)
+        self.itemsize = itemsize
+        self.events = events
+        self.token = events.register(self)
+
+    def partition(self, size: float) -> list[tuple[int, int]]:
+        return [(i, (b - a) * self.itemsize) for i, (a, b) in enumerate(self.ranges)]
+
+    def start(self, subtask: SubTask) -> None:
+        self.events.library.release(self.token, subtask.index)
+
+    def proxy_ready(self) -> None:
+        self.notify_ready()
+
+    def proxy_finished(self, index: int) -> None:
+        self.notify_finish(self.subtasks[index])
+
+    def on_finish(self) -> None:
+        self.events.forget(self.token)
+
+    def on_error(self, error: BaseException) -> None:
+        self.events.forget(self.token)
+        self.events.library.drain()  # the Core failed or stopped: nothing may stay blocked in the engine
+
+    def post(self, arrays: Arrays, avatars: Avatars, priority: int, communicate: Callable[[], None]) -> None:
+        """Post the proxy chain around ``communicate()`` (which posts the backend's operations on
+        ``avatars``). Call after the task was enqueued: a READY event may come at once."""
+        lib = self.events.library
+        lib.post_fence([], arrays, priority, "bytesched_entry_fence")
+        lib.post_ready(self.token, arrays, avatars.parts, priority)
+        communicate()
+        lib.post_finish(self.token, avatars.parts, priority)
+        lib.post_fence([a for part in avatars.parts for a in part], arrays, priority, "bytesched_exit_fence")

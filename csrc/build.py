@@ -1,0 +1,118 @@
+"""Build the MXNet Dependency Proxy library (csrc/proxies.cc) against the installed mxnet wheel.
+
+    python csrc/build.py            # build if out of date, print the library's path
+    python csrc/build.py --force    # rebuild
+
+The wheel ships MXNet's headers (``mxnet/include``) and ``libmxnet.so``; the library is linked
+against that exact ``libmxnet.so`` (with an rpath to it) and written next to the plugin that
+loads it, ``bytesched/plugins/mxnet/libbytesched_mxnet.so`` (git-ignored). A stamp in
+``build/csrc/`` holding the
+hash of the source, the compiler command and libmxnet.so's identity makes a repeated set-up a
+no-op. mxnet is located without importing it (an import costs seconds).
+
+Exit status: 0 built or up to date; 1 a prerequisite is missing or the compiler failed (the
+message names which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "csrc" / "proxies.cc"
+OUTPUT = ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so"
+WORK = ROOT / "build" / "csrc"  # stamp and partial output (build/ is git-ignored)
+STAMP = WORK / "libbytesched_mxnet.stamp"
+
+# MXNet's headers pull in mshadow; these select its CPU-only, BLAS-free configuration (the
+# proxies use none of it, but the headers must parse).
+DEFINES = ["-DMSHADOW_USE_CUDA=0", "-DMSHADOW_USE_MKL=0", "-DMSHADOW_USE_CBLAS=0", "-DDMLC_USE_CXX11=1"]
+
+
+class BuildError(RuntimeError):
+    """A prerequisite is missing or the compiler failed; the message says which."""
+
+
+def mxnet_dir() -> Path:
+    """The installed mxnet package directory (found without importing mxnet)."""
+    spec = importlib.util.find_spec("mxnet")
+    if spec is None or spec.origin is None:
+        raise BuildError(f"mxnet is not installed for {sys.executable}: install mxnet==1.9.1 "
+                         "(scripts/setup.sh does)")
+    package = Path(spec.origin).parent
+    header = package / "include" / "mxnet" / "c_api.h"
+    library = package / "libmxnet.so"
+    for needed in (header, library):
+        if not needed.exists():
+            raise BuildError(f"{needed} is missing: the mxnet wheel should ship it "
+                             "(reinstall mxnet==1.9.1)")
+    return package
+
+
+def compiler() -> str:
+    """The C++ compiler: $CXX, else g++ or c++ on PATH."""
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return shutil.which(name)  # type: ignore[return-value]
+    raise BuildError("no C++ compiler found ($CXX, g++ or c++): install g++ "
+                     "(Debian: apt-get install g++)")
+
+
+def command(cxx: str, package: Path, output: Path) -> list[str]:
+    """The compile-and-link command line."""
+    return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
+            f"-I{package / 'include'}", *DEFINES, "-o", str(output), str(SOURCE),
+            f"-L{package}", "-l:libmxnet.so", f"-Wl,-rpath,{package}"]
+
+
+def fingerprint(argv: list[str], package: Path) -> str:
+    """What the build depends on: source, command, and the libmxnet.so it links."""
+    lib = (package / "libmxnet.so").stat()
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update("\0".join(argv).encode())
+    digest.update(f"{lib.st_size}:{lib.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def build(force: bool = False) -> Path:
+    """Build the library if it is missing or out of date; return its path."""
+    package = mxnet_dir()
+    argv = command(compiler(), package, OUTPUT)
+    want = fingerprint(argv, package)
+    if not force and OUTPUT.exists() and STAMP.exists() and STAMP.read_text() == want:
+        return OUTPUT
+    WORK.mkdir(parents=True, exist_ok=True)
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    partial = WORK / OUTPUT.name
+    argv_partial = command(argv[0], package, partial)
+    result = subprocess.run(argv_partial, capture_output=True, text=True)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise BuildError(f"compiling {SOURCE} failed:\n  {' '.join(argv_partial)}\n"
+                         + result.stderr[-4000:])
+    partial.replace(OUTPUT)  # atomic: a concurrent loader never sees a half-written library
+    STAMP.write_text(want)
+    return OUTPUT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    args = parser.parse_args(argv)
+    try:
+        print(build(force=args.force))
+    except BuildError as error:
+        print(f"csrc/build.py: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

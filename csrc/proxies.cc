@@ -1,0 +1,287 @@
+// Dependency Proxies for MXNet's engine (ByteScheduler paper, section 3.3, Figure 6).
+//
+// MXNet's engine decides when a gradient has been computed and when an operation that reads it
+// may run. Python cannot hold an engine operation open, so the operations that stand between the
+// engine and the bytesched Core live here. Everything is posted through MXNet's C API
+// (MXEnginePushAsyncND / MXEnginePushSyncND, dlpack for avatars); the only C++ type used is the
+// engine's completion callback (CallbackOnComplete, inline in <mxnet/engine.h> of the same wheel),
+// so no C++ symbol of libmxnet.so is needed.
+//
+// Per communicated tensor (a CommTask of n partitions) the plugin posts, in program order:
+//   fence(mutable: framework arrays)        waits for every earlier reader/writer of the tensors
+//   ready proxy i (const: framework arrays, mutable: avatars of partition i), i = 0..n-1
+//       runs once the gradient exists; counts towards the task's READY event; then stays open
+//       until the Core calls bs_release(task, i) from CommTask.start()
+//   the backend's push/pull or all-reduce of partition i, on the avatars (ordered after proxy i)
+//   finish proxy i (mutable: avatars of partition i)  posts a FINISH event: notify_finish()
+//   fence(mutable: framework arrays, const: all avatars)  the framework sees the tensors again
+//
+// Events go to a queue that one Python thread drains with bs_next_events (a blocking call that
+// releases the GIL), so engine threads never enter the Python interpreter.
+
+#include <mxnet/c_api.h>
+#include <mxnet/engine.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using mxnet::Context;
+using mxnet::FnProperty;
+using mxnet::engine::CallbackOnComplete;
+
+constexpr int kEventReady = 1;
+constexpr int kEventFinish = 2;
+
+struct Event {
+  int32_t kind;
+  int32_t index;
+  uint64_t task;
+};
+
+// A posted ready proxy: its partition, and the engine's completion callback once it has run.
+struct Proxy {
+  uint64_t task;
+  int32_t index;
+  bool ran = false;
+  CallbackOnComplete done;
+};
+
+struct Hub {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> events;
+  std::unordered_map<uint64_t, int> waiting_ready;  // task -> ready proxies that have not run
+  std::unordered_map<uint64_t, Proxy*> open;       // (task, index) -> proxy holding the engine
+  bool closed = false;
+  bool draining = false;  // shutting down: proxies complete as soon as they run
+};
+
+Hub& hub() {
+  static Hub* instance = new Hub();  // never destroyed: engine threads may outlive static dtors
+  return *instance;
+}
+
+thread_local std::string last_error;
+
+int fail(const std::string& message) {
+  last_error = message;
+  return -1;
+}
+
+int fail_mx(const char* what) {
+  return fail(std::string(what) + ": " + MXGetLastError());
+}
+
+uint64_t slot(uint64_t task, int32_t index) {
+  return (task << 24) | static_cast<uint64_t>(index);
+}
+
+const Context& cpu() {
+  static const Context ctx = Context::CPU();
+  return ctx;
+}
+
+const FnProperty kNormal = FnProperty::kNormal;
+
+void push_event(Hub& h, Event ev) {
+  h.events.push_back(ev);
+  h.cv.notify_one();
+}
+
+// Engine thread: the gradient exists. Record the callback; the op stays open until released.
+void run_ready(void* /*rctx*/, void* on_complete, void* param) {
+  Proxy* proxy = static_cast<Proxy*>(param);
+  const CallbackOnComplete done = *static_cast<CallbackOnComplete*>(on_complete);
+  Hub& h = hub();
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (!h.draining) {
+      proxy->done = done;
+      proxy->ran = true;
+      auto it = h.waiting_ready.find(proxy->task);
+      if (it != h.waiting_ready.end() && --it->second == 0) {
+        h.waiting_ready.erase(it);
+        push_event(h, Event{kEventReady, 0, proxy->task});
+      }
+      return;
+    }
+    h.open.erase(slot(proxy->task, proxy->index));
+  }
+  delete proxy;
+  done();
+}
+
+// Engine thread: the partition's communication wrote its avatars.
+void run_finish(void* /*rctx*/, void* param) {
+  const Event* ev = static_cast<const Event*>(param);
+  Hub& h = hub();
+  std::lock_guard<std::mutex> lock(h.mu);
+  push_event(h, *ev);
+}
+
+void delete_event(void* param) { delete static_cast<Event*>(param); }
+
+void run_nothing(void* /*rctx*/, void* /*param*/) {}
+
+}  // namespace
+
+extern "C" {
+
+// The message of the last failed call on this thread.
+const char* bs_last_error() { return last_error.c_str(); }
+
+// Version of this library's C interface; the Python loader refuses a stale build.
+int bs_abi_version() { return 1; }
+
+// Post a pure ordering fence: it waits for earlier users of `reads` (as a reader) and of
+// `writes` (as a writer), and later operations on them wait for it. Does no work.
+int bs_post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes,
+                  int priority, const char* name) {
+  if (MXEnginePushSyncND(run_nothing, nullptr, nullptr, &cpu(), reads, n_reads, writes, n_writes,
+                         &kNormal, priority, name) != 0) {
+    return fail_mx("posting a bytesched fence to the MXNet engine");
+  }
+  return 0;
+}
+
+// Post the n ready proxies of `task`. Proxy i reads `reads` and mutates the `per_part` avatars
+// writes[i*per_part .. (i+1)*per_part). One READY event is posted when all n have run.
+int bs_post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads,
+                  NDArrayHandle* writes, int per_part, int priority) {
+  if (n <= 0 || n >= (1 << 24)) return fail("bs_post_ready: partition count out of range");
+  Hub& h = hub();
+  std::vector<Proxy*> proxies;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (h.waiting_ready.count(task)) return fail("bs_post_ready: task token already in use");
+    h.waiting_ready[task] = n;
+    for (int i = 0; i < n; ++i) {
+      Proxy* proxy = new Proxy();
+      proxy->task = task;
+      proxy->index = i;
+      h.open[slot(task, i)] = proxy;
+      proxies.push_back(proxy);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (MXEnginePushAsyncND(run_ready, proxies[i], nullptr, &cpu(), reads, n_reads,
+                            writes + static_cast<size_t>(i) * per_part, per_part, &kNormal,
+                            priority, "bytesched_ready_proxy", false) != 0) {
+      return fail_mx("posting a bytesched ready proxy to the MXNet engine");
+    }
+  }
+  return 0;
+}
+
+// Let ready proxy (task, index) complete: the engine may now run that partition's push/pull.
+int bs_release(uint64_t task, int index) {
+  Hub& h = hub();
+  Proxy* proxy;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    auto it = h.open.find(slot(task, index));
+    if (it == h.open.end()) return fail("bs_release: no open proxy for this task and partition");
+    if (!it->second->ran) return fail("bs_release: the proxy has not run yet (task not ready)");
+    proxy = it->second;
+    h.open.erase(it);
+  }
+  proxy->done();  // outside the lock: the engine may run dependent operations inline
+  delete proxy;
+  return 0;
+}
+
+// Shutdown: release every open proxy, and complete proxies that run from now on at once, so
+// that nothing stays blocked in the engine (MXNet waits for all operations at exit). Returns
+// how many proxies were released.
+int bs_drain() {
+  Hub& h = hub();
+  std::deque<Proxy*> ran;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.draining = true;
+    h.waiting_ready.clear();
+    for (auto it = h.open.begin(); it != h.open.end();) {
+      if (it->second->ran) {
+        ran.push_back(it->second);
+        it = h.open.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Proxy* proxy : ran) {
+    proxy->done();
+    delete proxy;
+  }
+  return static_cast<int>(ran.size());
+}
+
+// Post the n finish proxies of `task`: proxy i mutates the `per_part` avatars of partition i
+// and posts a FINISH event (task, i) once the partition's communication has written them.
+int bs_post_finish(uint64_t task, int n, NDArrayHandle* writes, int per_part, int priority) {
+  for (int i = 0; i < n; ++i) {
+    Event* ev = new Event{kEventFinish, i, task};
+    if (MXEnginePushSyncND(run_finish, ev, delete_event, &cpu(), nullptr, 0,
+                           writes + static_cast<size_t>(i) * per_part, per_part, &kNormal,
+                           priority, "bytesched_finish_proxy") != 0) {
+      return fail_mx("posting a bytesched finish proxy to the MXNet engine");
+    }
+  }
+  return 0;
+}
+
+// Wait up to timeout_ms (forever if negative) for events; copy up to `capacity` into
+// (kinds, indices, tasks). Returns the number copied, 0 on timeout, -2 once closed and drained.
+int bs_next_events(int32_t* kinds, int32_t* indices, uint64_t* tasks, int capacity,
+                   int timeout_ms) {
+  Hub& h = hub();
+  std::unique_lock<std::mutex> lock(h.mu);
+  auto woken = [&h] { return !h.events.empty() || h.closed; };
+  if (timeout_ms < 0) {
+    h.cv.wait(lock, woken);
+  } else {
+    h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), woken);
+  }
+  if (h.events.empty()) return h.closed ? -2 : 0;
+  int n = 0;
+  while (n < capacity && !h.events.empty()) {
+    const Event& ev = h.events.front();
+    kinds[n] = ev.kind;
+    indices[n] = ev.index;
+    tasks[n] = ev.task;
+    h.events.pop_front();
+    ++n;
+  }
+  return n;
+}
+
+// Wake bs_next_events callers and make them return -2 once the queue is drained.
+void bs_close() {
+  Hub& h = hub();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.closed = true;
+  h.cv.notify_all();
+}
+
+// An avatar of `src`: a new NDArray over the same memory with its own engine variable, so the
+// engine tracks the communicated buffer separately from the tensor the framework computes with.
+// `src` must be allocated (the memory is taken now); the avatar keeps `src`'s storage alive.
+int bs_make_avatar(NDArrayHandle src, NDArrayHandle* out) {
+  DLManagedTensorHandle dl = nullptr;
+  if (MXNDArrayToDLPack(src, &dl) != 0) return fail_mx("bs_make_avatar: MXNDArrayToDLPack");
+  if (MXNDArrayFromDLPackEx(dl, false, out) != 0) {
+    MXNDArrayCallDLPackDeleter(dl);
+    return fail_mx("bs_make_avatar: MXNDArrayFromDLPackEx");
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,126 @@
+"""A worker of the MXNet parameter-server tests: trains a small Gluon MLP through a KVStore.
+
+Run under ``bytesched launch``. Every worker trains on its own deterministic data shard, so the
+servers really sum different gradients; at the end each worker saves its weights to
+``OUT/worker{BYTESCHED_RANK}.npz`` and prints ``TRAINED steps=... subtasks=...``.
+
+    --store plain       the wrapped MXNet store alone (the reference)
+    --store scheduled   through ScheduledKVStore (policy, sizes: BYTESCHED_* environment)
+    --skew              worker 1 issues each step's pushpulls in reverse order, with pauses
+                        (workers start pushes in different orders: rank-0 order must cope)
+    --repartition-at S --repartition-bytes B   change the partition size at step S
+    --snapshot-at N     also save the weights after N steps, to OUT/worker{R}_step{N}.npz
+    --crash-at N        worker 1 dies (exit code 3) at step N, mid-training
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from bytesched.core import SchedulingParams
+
+
+def model() -> gluon.nn.HybridSequential:
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(48, activation="relu", in_units=32),
+            gluon.nn.Dense(24, activation="tanh", in_units=48),
+            gluon.nn.Dense(10, in_units=24))
+    mx.random.seed(7)
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def save(net: gluon.nn.HybridSequential, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **{name: p.data().asnumpy() for name, p in net.collect_params().items()})
+
+
+def skewed(store_cls: type) -> type:
+    """``store_cls`` whose worker 1 replays each step's pushpulls in reverse, with pauses."""
+
+    class Skewed(store_cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            self._held: list[tuple] = []
+            self._count = 0
+
+        def init(self, key, value):  # noqa: ANN001, ANN201 - MXNet's signature
+            self._count += 1 if not isinstance(key, (list, tuple)) else len(key)
+            super().init(key, value)
+
+        def pushpull(self, key, value, out=None, priority=0):  # noqa: ANN001, ANN201
+            if os.environ["BYTESCHED_RANK"] != "1":
+                return super().pushpull(key, value, out=out, priority=priority)
+            self._held.append((key, value, out, priority))
+            if len(self._held) == self._count:
+                for args in reversed(self._held):
+                    time.sleep(0.003)
+                    super().pushpull(args[0], args[1], out=args[2], priority=args[3])
+                self._held = []
+            return None
+
+    return Skewed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", choices=("plain", "scheduled"), required=True)
+    parser.add_argument("--kvstore", default="dist_sync")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--skew", action="store_true")
+    parser.add_argument("--repartition-at", type=int, default=None)
+    parser.add_argument("--repartition-bytes", type=int, default=None)
+    parser.add_argument("--snapshot-at", type=int, default=None)
+    parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rank = int(os.environ["BYTESCHED_RANK"])
+
+    kv = mx.kv.create(args.kvstore)
+    if args.store == "scheduled":
+        from bytesched.plugins.mxnet import ScheduledKVStore
+        cls = skewed(ScheduledKVStore) if args.skew else ScheduledKVStore
+        kv = cls(kv)
+    net = model()
+    options = {"learning_rate": 0.05, "wd": 0.001}
+    if args.optimizer == "sgd":
+        options["momentum"] = args.momentum
+    trainer = gluon.Trainer(net.collect_params(), args.optimizer, options, kvstore=kv)
+    rng = np.random.RandomState(100 + rank)  # drawn step by step: a shorter run is a prefix
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(args.steps):
+        if step == args.crash_at and rank == 1:
+            print(f"CRASHING at step {step}", flush=True)
+            os._exit(3)
+        if args.repartition_at is not None and step == args.repartition_at:
+            kv.set_params(SchedulingParams(partition_bytes=args.repartition_bytes,
+                                           credit_bytes=kv.config.params.credit_bytes))
+        x = mx.nd.array(rng.rand(16, 32))
+        y = mx.nd.array(rng.randint(0, 10, size=16))
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(16)
+        if step + 1 == args.snapshot_at:
+            save(net, args.out / f"worker{rank}_step{step + 1}.npz")
+    save(net, args.out / f"worker{rank}.npz")
+    subtasks = 0
+    if args.store == "scheduled":
+        kv.wait_idle(60)
+        subtasks = kv._core.take_stats().subtasks_started
+    print(f"TRAINED steps={args.steps} subtasks={subtasks} "
+          f"partition_bytes={getattr(kv, 'partition_bytes', 'none')} order={getattr(kv, 'order', 'none')}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""The MXNet Dependency Proxies (csrc/) and ScheduledKVStore in one process, on a local store.
+
+Real MXNet engine, real C++ library; the parameter-server and Horovod jobs are in
+test_mxnet_ps.py and test_mxnet_horovod.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, require
+
+mx = require("mxnet")
+proxies = require("bytesched.plugins.mxnet.proxies", "the MXNet Dependency Proxy library (python csrc/build.py)")
+from bytesched import core as bcore  # noqa: E402
+from bytesched.core import SchedulingParams  # noqa: E402
+from bytesched.plugins.mxnet import ScheduledKVStore  # noqa: E402
+from bytesched.plugins.mxnet.layout import ServerKeyTable, mxnet_server_of  # noqa: E402
+from bytesched.plugins.mxnet.task import Avatars  # noqa: E402
+
+HELD = 0.3  # seconds to wait before concluding that something did not happen
+
+
+@pytest.fixture(autouse=True)
+def fresh_core() -> Iterator[None]:
+    """Each test's store starts the process's Core with its own settings; stop it afterwards."""
+    yield
+    bcore.shutdown()
+
+
+class Recorder:
+    """A proxy target that records the events delivered to it."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.finished: list[int] = []
+        self.changed = threading.Condition()
+
+    def proxy_ready(self) -> None:
+        self.ready.set()
+
+    def proxy_finished(self, index: int) -> None:
+        with self.changed:
+            self.finished.append(index)
+            self.changed.notify_all()
+
+    def wait_finished(self, count: int, timeout: float = 5.0) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: len(self.finished) >= count, timeout)
+
+
+def chain(events: proxies.ProxyEvents, tensor: mx.nd.NDArray, ranges: list[tuple[int, int]],
+          target: Recorder) -> tuple[int, Avatars]:
+    """Post the proxy chain around a stand-in communication that doubles each partition."""
+    lib = events.library
+    avatars = Avatars(lib, [tensor], ranges)
+    token = events.register(target)
+    lib.post_fence([], [tensor], 0, "test_entry")
+    lib.post_ready(token, [tensor], avatars.parts, 0)
+    for (avatar,) in avatars.parts:
+        avatar *= 2
+    lib.post_finish(token, avatars.parts, 0)
+    lib.post_fence([a for part in avatars.parts for a in part], [tensor], 0, "test_exit")
+    return token, avatars
+
+
+def test_a_partition_moves_only_when_released_and_independently_of_the_others() -> None:
+    events = proxies.events()
+    grad = mx.nd.ones((8,))
+    target = Recorder()
+    token, avatars = chain(events, grad, [(0, 4), (4, 8)], target)
+
+    assert target.ready.wait(5), "the ready proxies never ran although the tensor exists"
+    assert not target.wait_finished(1, HELD), "a partition communicated before it was started"
+    events.library.release(token, 1)  # the Core starts partition 1 only
+    assert target.wait_finished(1) and target.finished == [1]
+    # partition 1's avatar is readable while partition 0 is still held: separate engine variables
+    assert avatars.parts[1][0].asnumpy().tolist() == [2.0] * 4
+    events.library.release(token, 0)
+    assert target.wait_finished(2)
+    assert grad.asnumpy().tolist() == [2.0] * 8  # the framework sees the result after the exit fence
+    events.forget(token)
+
+
+def test_ready_waits_for_the_operation_that_computes_the_tensor() -> None:
+    events = proxies.events()
+    grad = mx.nd.zeros((4,))
+    producer = Recorder()  # a proxy that writes `grad` and is held: "backward still running"
+    producer_token = events.register(producer)
+    events.library.post_ready(producer_token, [], [[grad]], 0)
+    assert producer.ready.wait(5)
+    consumer = Recorder()
+    token, _ = chain(events, grad, [(0, 4)], consumer)
+
+    assert not consumer.ready.wait(HELD), "notify_ready came before the gradient was computed"
+    events.library.release(producer_token, 0)
+    assert consumer.ready.wait(5)
+    events.library.release(token, 0)
+    assert consumer.wait_finished(1)
+    events.forget(token)
+    events.forget(producer_token)
+
+
+def test_protocol_errors_name_the_problem() -> None:
+    lib = proxies.events().library
+    with pytest.raises(proxies.ProxyLibraryError, match="no open proxy"):
+        lib.release(987654, 0)
+
+
+def test_a_missing_library_says_how_to_build_it(tmp_path: Path) -> None:
+    with pytest.raises(proxies.ProxyLibraryError, match=r"does not exist: build it with .*csrc/build.py"):
+        proxies.ProxyLibrary(tmp_path / "libbytesched_mxnet.so")
+
+
+def test_build_names_a_missing_compiler_and_a_missing_mxnet(tmp_path: Path) -> None:
+    build = REPO_ROOT / "csrc" / "build.py"
+    no_compiler = subprocess.run([sys.executable, build, "--force"], capture_output=True, text=True,
+                                 env={"PATH": str(tmp_path), "CXX": ""})
+    assert no_compiler.returncode == 1
+    assert "no C++ compiler found" in no_compiler.stderr
+    # -S: no site-packages, so no mxnet
+    no_mxnet = subprocess.run([sys.executable, "-S", build], capture_output=True, text=True)
+    assert no_mxnet.returncode == 1
+    assert "mxnet is not installed" in no_mxnet.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Server-key layout
+
+
+def test_layout_places_stripes_on_their_servers_under_every_partition_size() -> None:
+    table = ServerKeyTable(num_servers=3, bigarray_bound=100)
+    small = table.add("bias", (10,), "float32", 16)
+    big = table.add("weight", (20, 25), "float32", 400)
+    layouts = [(small, big)]
+    for old_small, old_big in [tuple(new for _, new in table.repartition(size)) for size in (40, 1000)]:
+        layouts.append((old_small, old_big))
+    servers_of_elements = []
+    for s, b in layouts:
+        for layout in (s, b):
+            assert all(b_ - a_ < 100 for a_, b_ in layout.ranges), "a partition reached MXNet's bound"
+            assert [r for r in layout.ranges] == sorted(layout.ranges)
+            assert layout.ranges[0][0] == 0 and layout.ranges[-1][1] == layout.numel
+        where = {}
+        for key, (a, b_) in zip(b.server_keys, b.ranges):
+            for element in range(a, b_):
+                where[element] = mxnet_server_of(key, 3)
+        servers_of_elements.append(where)
+    assert all(w == servers_of_elements[0] for w in servers_of_elements), \
+        "an element of the big tensor moved to another server when re-partitioned"
+    assert set(servers_of_elements[0].values()) == {0, 1, 2}  # big: striped over all servers
+    all_keys = [k for s, b in layouts for k in s.server_keys + b.server_keys]
+    assert len(all_keys) == len(set(all_keys)), "server keys were reused across generations"
+
+
+def test_layout_rejects_bad_keys() -> None:
+    table = ServerKeyTable()
+    table.add(0, (4,), "float32", 8)
+    with pytest.raises(TypeError, match="do not mix int and str keys"):
+        table.add("w", (4,), "float32", 8)
+    with pytest.raises(ValueError, match="already initialised"):
+        table.add(0, (4,), "float32", 8)
+    with pytest.raises(KeyError, match="was not initialised"):
+        table[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# ScheduledKVStore on a local store (the optimizer runs in the store, per partition)
+
+
+def train(store: str, optimizer: str, repartition: int | None, on_store: bool = True) -> list[np.ndarray]:
+    gluon, autograd = mx.gluon, mx.autograd
+    mx.random.seed(11)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, activation="relu", in_units=8), gluon.nn.Dense(4, in_units=16))
+    net.initialize(mx.init.Xavier())
+    kv = mx.kv.create("local")
+    if store == "scheduled":
+        kv = ScheduledKVStore(kv)
+    options = {"learning_rate": 0.01, "wd": 0.001}
+    if optimizer == "sgd":
+        options["momentum"] = 0.9
+    trainer = gluon.Trainer(net.collect_params(), optimizer, options, kvstore=kv, update_on_kvstore=on_store)
+    rng = np.random.RandomState(5)
+    x, y = mx.nd.array(rng.rand(20, 8)), mx.nd.array(rng.rand(20, 4))
+    for step in range(8):
+        if step == repartition:
+            kv.set_params(SchedulingParams(partition_bytes=40, credit_bytes=80))
+        with autograd.record():
+            loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        trainer.step(1)
+    if store == "scheduled":
+        kv.close()
+    return [p.data().asnumpy() for p in net.collect_params().values()]
+
+
+@pytest.mark.parametrize(("optimizer", "on_store"), [("sgd", True), ("adam", True), ("sgd", False)])
+def test_local_store_matches_plain_across_a_repartition(optimizer: str, on_store: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Momentum and Adam's moments and step counts survive a change from 100- to 40-byte
+    partitions at step 4: the weights equal the unpartitioned store's exactly (also when the
+    Trainer updates itself and the store only sums gradients)."""
+    monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "100")
+    monkeypatch.setenv("BYTESCHED_CREDIT_BYTES", "200")
+    plain = train("plain", optimizer, None, on_store)
+    scheduled = train("scheduled", optimizer, 4, on_store)
+    for a, b in zip(plain, scheduled):
+        assert np.array_equal(a, b), f"max |diff| {np.abs(a - b).max()}"
+
+
+def test_str_keys_lists_and_separate_push_pull(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Module-style interface: string keys, lists of keys, push then pull."""
+    monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "12")
+    kv = ScheduledKVStore(mx.kv.create("local"))
+    kv.init(["a", "b"], [mx.nd.zeros((5,)), mx.nd.zeros((2, 3))])
+    kv.push(["a", "b"], [mx.nd.ones((5,)) * 3, [mx.nd.ones((2, 3)), mx.nd.ones((2, 3))]])
+    out_a, out_b = mx.nd.zeros((5,)), mx.nd.zeros((2, 3))
+    kv.pull(["a", "b"], out=[out_a, out_b])
+    assert out_a.asnumpy().tolist() == [3.0] * 5
+    assert out_b.asnumpy().tolist() == [[2.0] * 3] * 2  # two devices' values are summed
+    with pytest.raises(KeyError, match="'c' was not initialised"):
+        kv.pushpull("c", mx.nd.ones((5,)))
+    with pytest.raises(ValueError, match=r"does not match the initialised \(5,\) float32"):
+        kv.pushpull("a", mx.nd.ones((4,)))
+    kv.close()
+
+
+def test_wraps_only_mxnet_stores() -> None:
+    with pytest.raises(TypeError, match="wraps an MXNet KVStore"):
+        ScheduledKVStore("dist_sync")  # type: ignore[arg-type]
+
+
+def test_repartition_refuses_a_key_whose_server_value_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "8")
+    kv = ScheduledKVStore(mx.kv.create("local"))
+    kv.init(0, mx.nd.zeros((4,)))
+    kv.push(0, mx.nd.ones((4,)))
+    kv.set_params(SchedulingParams(partition_bytes=4))
+    with pytest.raises(RuntimeError, match=r"keys \['0'\] were pushed but not pulled since"):
+        kv.push(0, mx.nd.ones((4,)))  # the next step begins: the re-partition is due
+    kv.close()

@@ -1,0 +1,152 @@
+"""ScheduledKVStore on a real MXNet parameter server: 2 workers x 2 servers via `bytesched launch`.
+
+Each job trains the small Gluon MLP of tests/scripts/mxnet_train.py for 20 steps (SGD with
+momentum and weight decay, updates on the servers); a scheduled job must end with exactly the
+weights of the plain dist_sync job, bit for bit. Partitions are small enough to split every
+weight matrix, and the credit small enough that only a few partitions are in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import SCRIPTS, require, require_executable, run_job, started
+
+TRAIN = SCRIPTS / "mxnet_train.py"
+POLICIES = ("bytescheduler", "fifo", "p3", "tictac", "prophet")
+
+
+def launch(out: Path, *train_args: str, env: dict[str, str] | None = None,
+           timeout: float = 100) -> str:
+    """Run one 2-worker x 2-server job of the training script; return its output."""
+    require("mxnet")
+    bytesched = require_executable("bytesched")
+    result = run_job([bytesched, "launch", "--servers", "2", "--workers", "2",
+                      "--timeout", str(timeout - 10), "--", sys.executable, TRAIN,
+                      "--out", out, *train_args],
+                     timeout=timeout, env={**os.environ, **(env or {})})
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert len(re.findall(r"^\[worker \d\] TRAINED", result.stdout, re.M)) == 2, result.stdout[-6000:]
+    return result.stdout
+
+
+def weights(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {name: data[name] for name in data.files}
+
+
+def assert_same_weights(reference_file: Path, run: Path) -> None:
+    """Both workers of ``run`` end with exactly the weights in ``reference_file``."""
+    reference = weights(reference_file)
+    for worker in (0, 1):
+        got = weights(run / f"worker{worker}.npz")
+        assert got.keys() == reference.keys()
+        for param, value in reference.items():
+            diff = float(np.abs(got[param] - value).max())
+            assert np.array_equal(got[param], value), f"worker {worker} {param}: max |diff| {diff}"
+
+
+def subtasks(output: str) -> list[int]:
+    return [int(n) for n in re.findall(r"TRAINED steps=\d+ subtasks=(\d+)", output)]
+
+
+def orders(output: str) -> list[str]:
+    return re.findall(r"TRAINED .* order=(\w+)", output)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the plain dist_sync store, weights after 5 and 20 steps."""
+    out = tmp_path_factory.mktemp("plain")
+    launch(out, "--store", "plain", "--snapshot-at", "5")
+    return out
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_scheduled_dist_sync_equals_plain(plain: Path, tmp_path: Path, policy: str) -> None:
+    output = launch(tmp_path, "--store", "scheduled",
+                    env={"BYTESCHED_POLICY": policy, "BYTESCHED_PARTITION_BYTES": "1000",
+                         "BYTESCHED_CREDIT_BYTES": "2000"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert orders(output) == ["rank0"] * 2
+    # 16 partitions per step (a 1536-element matrix alone is 7): tensors really were split;
+    # fifo is the no-scheduler baseline and never partitions (6 tensors per step)
+    assert subtasks(output) == [(6 if policy == "fifo" else 16) * 20] * 2
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_skewed_workers_and_a_partition_change_mid_training(plain: Path, tmp_path: Path) -> None:
+    """Worker 1 issues every step's pushes in reverse order with pauses, under a one-partition
+    credit: rank-0 order must keep the job deadlock-free. At step 10 the partition size changes
+    from 1000 to 300 bytes: new server keys, momentum carried over on the servers."""
+    output = launch(tmp_path, "--store", "scheduled", "--skew",
+                    "--repartition-at", "10", "--repartition-bytes", "300",
+                    env={"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "1000"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert "partition_bytes=300" in output
+    assert subtasks(output) == [16 * 10 + 44 * 10] * 2
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_thousands_of_tiny_partitions(plain: Path, tmp_path: Path) -> None:
+    """8-byte partitions: 1505 server keys per step, 64 bytes of credit."""
+    output = launch(tmp_path, "--store", "scheduled", "--steps", "5",
+                    env={"BYTESCHED_PARTITION_BYTES": "8", "BYTESCHED_CREDIT_BYTES": "64"})
+
+    assert_same_weights(plain / "worker0_step5.npz", tmp_path)
+    assert subtasks(output) == [1505 * 5] * 2
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_dist_async_trains(tmp_path: Path) -> None:
+    """dist_async: each push is applied on arrival (no cross-worker order, no exact reference)."""
+    output = launch(tmp_path, "--store", "scheduled", "--kvstore", "dist_async",
+                    env={"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "2000"})
+
+    assert subtasks(output) == [16 * 20] * 2
+    assert orders(output) == ["immediate"] * 2
+    for worker in (0, 1):
+        assert all(np.isfinite(v).all() for v in weights(tmp_path / f"worker{worker}.npz").values())
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(90)
+def test_a_crashing_worker_stops_the_whole_job(tmp_path: Path) -> None:
+    """Worker 1 dies at step 3; worker 0 is then stuck in a push the servers can never answer.
+    `bytesched launch` must stop everything within seconds and exit with the crash's status
+    (the test's process guard fails it if anything is left running)."""
+    require("mxnet")
+    argv = [require_executable("bytesched"), "launch", "--servers", "2", "--workers", "2",
+            "--kill-grace", "2", "--", sys.executable, TRAIN, "--out", tmp_path,
+            "--store", "scheduled", "--crash-at", "3"]
+    with started(argv) as job:
+        assert job.stdout is not None
+        seen = []
+        for line in job.stdout:  # pytest-timeout ends this if the crash never comes
+            seen.append(line)
+            if "CRASHING" in line:
+                break
+        crashed = time.monotonic()
+        rest, _ = job.communicate(timeout=30)
+        stopped = time.monotonic()
+    output = "".join(seen) + rest
+
+    assert job.returncode == 3, output[-4000:]
+    assert "[worker 1] CRASHING at step 3" in output
+    assert "[launch] worker 1 exited with code 3; stopping the job" in output
+    assert "TRAINED" not in output
+    assert stopped - crashed < 10, f"the job took {stopped - crashed:.1f} s to stop after the crash"
