@@ -73,6 +73,12 @@ def check_horovod() -> Finding:
     return Finding("horovod", True, "built with PyTorch, MXNet and Gloo")
 
 
+def check_proxies() -> Finding:
+    ok, out = _probe("from bytesched.plugins.mxnet.proxies import ProxyLibrary; print(ProxyLibrary().path)")
+    return Finding("csrc Dependency Proxies (MXNet plugin)", ok, out,
+                   "" if ok else "build them with `.venv/bin/python csrc/build.py` (needs g++ and mxnet)")
+
+
 def check_channel() -> Finding:
     ok, out = _probe("import zmq; print('pyzmq', zmq.__version__)")
     return Finding("pyzmq (rank-0 channel)", ok, out, "" if ok else "pip install pyzmq")
@@ -98,7 +104,7 @@ def check_shaping() -> Finding:
 
 
 CHECKS: tuple[Callable[[], Finding], ...] = (
-    check_torch, check_mxnet_numpy, check_horovod, check_channel, check_tuning, check_shaping,
+    check_torch, check_mxnet_numpy, check_horovod, check_proxies, check_channel, check_tuning, check_shaping,
 )
 
 

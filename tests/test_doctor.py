@@ -18,6 +18,7 @@ def test_doctor_passes_on_the_installed_stack() -> None:
     failed = [f for f in findings.values() if f["required"] and not f["ok"]]
     assert proc.returncode == 0 and not failed, failed
     assert findings["horovod"]["detail"] == "built with PyTorch, MXNet and Gloo"
+    assert findings["csrc Dependency Proxies (MXNet plugin)"]["detail"].endswith("libbytesched_mxnet.so")
 
 
 def test_doctor_names_missing_components_and_exits_non_zero() -> None:
@@ -30,3 +31,4 @@ def test_doctor_names_missing_components_and_exits_non_zero() -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[FAIL] torch" in proc.stdout and "fix: run `make setup`" in proc.stdout
     assert "[FAIL] horovod: horovodrun not found" in proc.stdout
+    assert "[FAIL] csrc Dependency Proxies (MXNet plugin)" in proc.stdout
