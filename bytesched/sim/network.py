@@ -1,0 +1,419 @@
+"""Processor-sharing network: links whose bandwidth is split equally among the flows crossing
+them (the model of the ICPE'20 throughput-prediction paper, §3.1).
+
+A *flow* is one message (a push or a pull of one key) from a class of identical workers. Each
+worker has one connection per server and direction, and a connection is a FIFO byte stream: its
+messages go one after another, each first paying its fixed cost (per-message overhead θ plus
+latency, without using bandwidth), then moving its bytes. Messages on different connections
+share the links. A message for a key that the parameter server spreads over all servers
+(MXNet's big arrays) goes over every connection at once, in lockstep, paced by the most loaded
+server; such messages queue behind each other (a channel of their own), not behind the
+single-server messages on the same connections (an approximation). A flow's rate is
+
+    rate of one connection = min(share of its worker's link, share of its shared link)
+
+where a link's share is its capacity over the flows on it, a flow of a class of ``m``
+identical workers counting ``m`` times on a link the workers share (a server's NIC, a shared
+medium) and once on its own worker's link. With identical workers every connection active on
+a worker's link sees the same server share, so this is the max-min fair allocation; with
+heterogeneous workers it is the common "bottleneck share" approximation (a flow held back by a
+server does not hand its unused share to its siblings).
+
+Every shared link keeps a virtual clock: the bytes one connection limited by that link has
+received so far. A flow limited by the shared link ends when the clock reaches its mark, so
+a flow joining or leaving a server that 64 workers push to updates one clock and one timer,
+not 64 flows; only flows limited by their own worker's link are re-timed one by one.
+
+Two topologies, chosen per cluster:
+
+* :class:`FullDuplexFabric`: each worker and each server has its own NIC, full duplex: pushes
+  use the worker's uplink and the server's ingress, pulls the server's egress and the worker's
+  downlink (a real cluster).
+* :class:`SharedMediumFabric`: one medium for every host and both directions (a rate-shaped
+  loopback on one machine, as the benchmark harness uses).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from abc import ABC, abstractmethod
+from collections import deque
+from itertools import count
+from typing import Callable, Sequence
+
+from .engine import Event, EventLoop
+
+PUSH = 0
+PULL = 1
+SPREAD = -1
+"""Placement of a message that is sliced evenly over all servers."""
+
+_NEW, _BOUND, _FREE, _DONE = 0, 1, 2, 3
+"""A flow's state: not classified yet, limited by its shared link, limited by its worker's
+link, arrived."""
+
+
+class Link:
+    """A worker's own link in one direction: ``capacity`` bytes/s split among its flows."""
+
+    __slots__ = ("name", "capacity", "load", "flows")
+
+    def __init__(self, name: str, capacity: float) -> None:
+        if not capacity > 0:
+            raise ValueError(f"link {name!r}: capacity must be > 0 bytes/s, got {capacity!r}")
+        self.name = name
+        self.capacity = capacity
+        self.load = 0.0
+        self.flows: dict[Flow, None] = {}  # an ordered set: iteration order is deterministic
+
+
+class SharedLink:
+    """A link many flows share (a server's NIC in one direction, or the medium), with the
+    virtual clock of the flows it limits."""
+
+    __slots__ = ("key", "capacity", "share", "clock", "clock_time", "bound", "free", "marks", "event", "due")
+
+    def __init__(self, key: object, capacity: float) -> None:
+        self.key = key
+        self.capacity = capacity
+        self.share = 0.0  # bytes/s per connection, as of clock_time
+        self.clock = 0.0  # bytes one limited connection received since the start
+        self.clock_time = 0.0
+        self.bound: dict[Flow, None] = {}  # flows this link limits (they follow the clock)
+        self.free: dict[Flow, None] = {}  # flows on it that their worker's link limits
+        self.marks: list[tuple[float, int, Flow]] = []  # (clock at which a bound flow ends, ...)
+        self.event: Event | None = None
+        self.due = math.inf
+
+    def advance(self, now: float) -> None:
+        self.clock += self.share * (now - self.clock_time)
+        self.clock_time = now
+
+
+class Flow:
+    """One message: ``slices`` connections of ``remaining`` bytes each, with its fixed cost."""
+
+    __slots__ = ("klass", "direction", "server", "slices", "weight", "fixed", "on_done", "seq", "link",
+                 "shared", "state", "remaining", "rate", "t_last", "finish", "mark")
+
+    def __init__(self, klass: int, direction: int, server: int, slices: int, weight: float,
+                 nbytes: float, fixed: float, on_done: Callable[[], None], seq: int) -> None:
+        self.klass = klass
+        self.direction = direction
+        self.server = server
+        self.slices = slices
+        self.weight = weight
+        self.fixed = fixed
+        self.on_done = on_done
+        self.seq = seq
+        self.link: Link | None = None
+        self.shared: SharedLink | None = None
+        self.state = _NEW
+        self.remaining = nbytes / slices  # per connection; exact while NEW or FREE (at t_last)
+        self.rate = 0.0
+        self.t_last = 0.0
+        self.finish = math.inf  # when FREE
+        self.mark = math.inf  # when BOUND: the shared clock at which it ends
+
+
+class Fabric(ABC):
+    """Moves messages over processor-shared links in virtual time."""
+
+    def __init__(self, loop: EventLoop, num_servers: int, multiplicity: Sequence[int]) -> None:
+        self.loop = loop
+        self.num_servers = num_servers
+        self.multiplicity = list(multiplicity)
+        self._waiting: dict[tuple[int, int, int], deque[Flow]] = {}  # busy connection -> its queue
+        self._seq = count()
+
+    def send(self, klass: int, direction: int, server: int, nbytes: float, fixed: float,
+             on_done: Callable[[], None]) -> None:
+        """Move ``nbytes`` from (PUSH) or to (PULL) every worker of ``klass`` and ``server``
+        (or all servers if ``server`` is :data:`SPREAD`) after the messages already queued on
+        that connection; ``fixed`` seconds of per-message cost come first; call ``on_done``
+        when it arrived."""
+        slices = self.num_servers if server == SPREAD else 1
+        flow = Flow(klass, direction, server, slices, self.multiplicity[klass], nbytes, fixed, on_done,
+                    next(self._seq))
+        channel = (klass, direction, server)
+        queue = self._waiting.get(channel)
+        if queue is None:
+            self._waiting[channel] = deque()
+            self._prepare(flow)
+        else:
+            queue.append(flow)
+
+    # -- flow life cycle ----------------------------------------------------------------------
+    def _prepare(self, flow: Flow) -> None:
+        if flow.fixed > 0:
+            self.loop.call_later(flow.fixed, self._begin, flow)
+        else:
+            self._begin(flow)
+
+    def _begin(self, flow: Flow) -> None:
+        if flow.remaining <= 0:
+            self._finished([flow])
+            return
+        flow.t_last = self.loop.now
+        flow.link = self._link_of(flow)
+        flow.shared = self._shared_of(flow)
+        changed = [flow]
+        if flow.link is not None:
+            flow.link.load += flow.slices
+            flow.link.flows[flow] = None
+            changed = list(flow.link.flows)
+        self._update(self._join(flow), changed)
+
+    def _due(self, shared: SharedLink) -> None:
+        """The earliest flow(s) on ``shared`` completed."""
+        shared.event = None
+        shared.due = math.inf
+        now = self.loop.now
+        shared.advance(now)
+        done: list[Flow] = []
+        marks = shared.marks
+        slack = 1e-9 * (1.0 + shared.clock)  # the clock's float rounding, far above 1e-16 relative
+        while marks:
+            mark, _, flow = marks[0]
+            if flow.state != _BOUND or flow.shared is not shared or flow.mark != mark:
+                heapq.heappop(marks)  # stale: the flow was re-timed since
+            elif mark <= shared.clock + slack:
+                heapq.heappop(marks)
+                del shared.bound[flow]
+                done.append(flow)
+            else:
+                break
+        for flow in [f for f in shared.free if f.finish <= now]:
+            del shared.free[flow]
+            done.append(flow)
+        groups: list[SharedLink] = [shared]
+        changed: list[Flow] = []
+        for flow in done:
+            flow.state = _DONE
+            flow.remaining = 0.0
+            if flow.link is not None:
+                flow.link.load -= flow.slices
+                del flow.link.flows[flow]
+                changed += flow.link.flows
+            groups += self._leave(flow)
+        self._update(groups, [f for f in changed if f.state != _DONE])
+        self._finished(done)
+
+    def _finished(self, flows: list[Flow]) -> None:
+        """Start the next message of each flow's connection, then report the flows done."""
+        for flow in flows:
+            channel = (flow.klass, flow.direction, flow.server)
+            queue = self._waiting[channel]
+            if queue:
+                self._prepare(queue.popleft())
+            else:
+                del self._waiting[channel]
+        for flow in flows:
+            flow.on_done()
+
+    # -- rates --------------------------------------------------------------------------------
+    def _update(self, groups: list[SharedLink], flows: list[Flow]) -> None:
+        """Shared links ``groups`` changed load and ``flows`` their own link's load: bring
+        every affected shared link's clock, its flows' limits and its timer up to date."""
+        now = self.loop.now
+        touched: dict[SharedLink, list[Flow]] = {g: [] for g in groups}
+        for flow in flows:
+            touched.setdefault(flow.shared, []).append(flow)  # type: ignore[arg-type]
+        for shared, own in touched.items():
+            shared.advance(now)
+            old = shared.share
+            shared.share = new = self._share(shared)
+            check = own
+            if new > old:  # flows it held back may now be held back by their worker's link
+                check = own + [f for f in shared.bound if f.link is not None and f.link.capacity / f.link.load < new]
+            elif new < old:
+                check = own + [f for f in shared.free if f.link.capacity / f.link.load > new]  # type: ignore[union-attr]
+            for flow in check:
+                self._classify(flow, shared, now)
+            self._retime(shared)
+
+    def _classify(self, flow: Flow, shared: SharedLink, now: float) -> None:
+        """Put ``flow`` under the limit of whichever of its links gives it less."""
+        if flow.state == _BOUND:
+            remaining = flow.mark - shared.clock
+        elif flow.state == _FREE:
+            remaining = flow.remaining - flow.rate * (now - flow.t_last)
+        else:
+            remaining = flow.remaining
+        remaining = max(remaining, 0.0)
+        own = flow.link.capacity / flow.link.load if flow.link is not None else math.inf
+        if own >= shared.share:
+            if flow.state == _BOUND:
+                return  # still following the clock; its mark stands
+            if flow.state == _FREE:
+                del shared.free[flow]
+            flow.state = _BOUND
+            flow.mark = shared.clock + remaining
+            shared.bound[flow] = None
+            heapq.heappush(shared.marks, (flow.mark, flow.seq, flow))
+        else:
+            if flow.state == _BOUND:
+                del shared.bound[flow]  # its mark in the heap is now stale
+            flow.state = _FREE
+            flow.remaining = remaining
+            flow.t_last = now
+            flow.rate = own
+            flow.finish = now + remaining / own
+            shared.free[flow] = None
+
+    def _retime(self, shared: SharedLink) -> None:
+        marks = shared.marks
+        while marks and (marks[0][2].state != _BOUND or marks[0][2].shared is not shared
+                         or marks[0][2].mark != marks[0][0]):
+            heapq.heappop(marks)
+        due = shared.clock_time + (marks[0][0] - shared.clock) / shared.share if marks else math.inf
+        for flow in shared.free:
+            if flow.finish < due:
+                due = flow.finish
+        if due == shared.due:
+            return
+        if shared.event is not None:
+            shared.event.cancel()
+            shared.event = None
+        shared.due = due
+        if due < math.inf:
+            shared.event = self.loop.call_at(max(due, self.loop.now), self._due, shared)
+
+    # -- topology -----------------------------------------------------------------------------
+    @abstractmethod
+    def _link_of(self, flow: Flow) -> Link | None:
+        """The flow's worker's own link, if the topology has one."""
+
+    @abstractmethod
+    def _shared_of(self, flow: Flow) -> SharedLink:
+        """The shared link the flow crosses (a server's NIC, or the medium)."""
+
+    @abstractmethod
+    def _join(self, flow: Flow) -> list[SharedLink]:
+        """Count ``flow`` on the shared links; return those whose share changed."""
+
+    @abstractmethod
+    def _leave(self, flow: Flow) -> list[SharedLink]:
+        """Stop counting ``flow``; return the shared links whose share changed."""
+
+    @abstractmethod
+    def _share(self, shared: SharedLink) -> float:
+        """Bytes/s one connection gets from ``shared`` right now."""
+
+    @abstractmethod
+    def allreduce_seconds(self, nbytes: float, workers: int) -> float:
+        """Bandwidth time of a ring all-reduce of ``nbytes`` among ``workers`` workers."""
+
+    @abstractmethod
+    def ps_lower_bound(self, nbytes: float, workers: int) -> float:
+        """Least time to push and pull ``nbytes`` per worker, servers perfectly balanced."""
+
+
+class FullDuplexFabric(Fabric):
+    """Every worker and server has its own full-duplex NIC.
+
+    Servers are identical, so a server's load is the flows placed on that one server (``own``)
+    plus the flows spread over all servers (``spread``). A spread flow moves in lockstep at the
+    pace of the most loaded server.
+    """
+
+    def __init__(self, loop: EventLoop, worker_bandwidth: Sequence[float], multiplicity: Sequence[int],
+                 num_servers: int, server_bandwidth: float) -> None:
+        super().__init__(loop, num_servers, multiplicity)
+        if not server_bandwidth > 0:
+            raise ValueError(f"server bandwidth must be > 0 bytes/s, got {server_bandwidth!r}")
+        self.worker_links = [(Link(f"worker{c}.up", bw), Link(f"worker{c}.down", bw))
+                             for c, bw in enumerate(worker_bandwidth)]
+        self.server_bandwidth = server_bandwidth
+        self._slowest = min(worker_bandwidth)
+        self._servers = tuple([SharedLink((d, s), server_bandwidth) for s in range(num_servers)] for d in (PUSH, PULL))
+        self._spread_link = tuple(SharedLink((d, SPREAD), server_bandwidth) for d in (PUSH, PULL))
+        self._own = ([0.0] * num_servers, [0.0] * num_servers)  # per direction, per server
+        self._spread = [0.0, 0.0]
+        self._max_own = [0.0, 0.0]
+        self._busy: tuple[dict[SharedLink, int], dict[SharedLink, int]] = ({}, {})  # server -> flows
+
+    def _link_of(self, flow: Flow) -> Link:
+        return self.worker_links[flow.klass][flow.direction]
+
+    def _shared_of(self, flow: Flow) -> SharedLink:
+        if flow.server == SPREAD:
+            return self._spread_link[flow.direction]
+        return self._servers[flow.direction][flow.server]
+
+    def _join(self, flow: Flow) -> list[SharedLink]:
+        return self._count(flow, +1)
+
+    def _leave(self, flow: Flow) -> list[SharedLink]:
+        return self._count(flow, -1)
+
+    def _count(self, flow: Flow, sign: int) -> list[SharedLink]:
+        d = flow.direction
+        busy = self._busy[d]
+        shared = flow.shared
+        assert shared is not None
+        busy[shared] = busy.get(shared, 0) + sign
+        if not busy[shared]:
+            del busy[shared]
+        if flow.server == SPREAD:
+            self._spread[d] = max(0.0, self._spread[d] + sign * flow.weight)
+            self._max_own[d] = max(self._own[d])
+            return list(busy)  # every server's load changed
+        own = self._own[d]
+        own[flow.server] = max(0.0, own[flow.server] + sign * flow.weight)
+        changed = [shared]
+        spread = self._spread_link[d]
+        if spread in busy:
+            new_max = max(own)
+            if new_max != self._max_own[d]:
+                self._max_own[d] = new_max
+                changed.append(spread)
+        return changed
+
+    def _share(self, shared: SharedLink) -> float:
+        d, server = shared.key  # type: ignore[misc]
+        own = self._max_own[d] if server == SPREAD else self._own[d][server]
+        load = own + self._spread[d]
+        return shared.capacity / load if load > 0 else 0.0
+
+    def allreduce_seconds(self, nbytes: float, workers: int) -> float:
+        return 2 * (workers - 1) / workers * nbytes / self._slowest  # the ring goes at its slowest link
+
+    def ps_lower_bound(self, nbytes: float, workers: int) -> float:
+        return max(nbytes / self._slowest, workers * nbytes / (self.num_servers * self.server_bandwidth))
+
+
+class SharedMediumFabric(Fabric):
+    """One medium for every host and both directions (e.g. a shaped loopback)."""
+
+    def __init__(self, loop: EventLoop, bandwidth: float, multiplicity: Sequence[int], num_servers: int) -> None:
+        super().__init__(loop, num_servers, multiplicity)
+        if not bandwidth > 0:
+            raise ValueError(f"medium capacity must be > 0 bytes/s, got {bandwidth!r}")
+        self.medium = SharedLink("medium", bandwidth)
+        self._load = 0.0
+
+    def _link_of(self, flow: Flow) -> None:
+        return None
+
+    def _shared_of(self, flow: Flow) -> SharedLink:
+        return self.medium
+
+    def _join(self, flow: Flow) -> list[SharedLink]:
+        self._load += flow.weight * flow.slices
+        return [self.medium]
+
+    def _leave(self, flow: Flow) -> list[SharedLink]:
+        self._load = max(0.0, self._load - flow.weight * flow.slices)
+        return [self.medium]
+
+    def _share(self, shared: SharedLink) -> float:
+        return shared.capacity / self._load if self._load > 0 else 0.0
+
+    def allreduce_seconds(self, nbytes: float, workers: int) -> float:
+        # Each of the 2(n-1) ring steps moves nbytes/n from every worker over the one medium.
+        return 2 * (workers - 1) * nbytes / self.medium.capacity
+
+    def ps_lower_bound(self, nbytes: float, workers: int) -> float:
+        return 2 * workers * nbytes / self.medium.capacity

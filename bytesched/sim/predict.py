@@ -1,0 +1,238 @@
+"""Predictions: every policy on one cluster (or a sweep of clusters), relative to vanilla.
+
+This is the Python face of ``bytesched simulate``: :func:`simulate` takes the same options as
+the command line (as strings like ``"10Gbps"`` or as numbers in bytes, seconds and bytes/s)
+and returns a :class:`Report`, which renders as the table, the JSON or the plot.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterable, Sequence
+
+from ..core.config import ConfigError, SchedulingParams, format_size
+from ..core.policies import CreditPolicy, make_policy
+from .cluster import Cluster, format_bandwidth
+from .engine import EventLoop
+from .options import format_value, make_cluster, make_params, parse_sweep, policy_names
+from .profile import ModelProfile, load_profile
+from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, make_fabric, run
+
+
+@dataclass
+class PolicyPrediction:
+    """One policy's predicted iteration time, throughput and speedup over vanilla."""
+
+    policy: str
+    iteration_time: float
+    throughput: float
+    speedup: float
+    partition_bytes: float
+    credit_bytes: float | None
+    """None for a policy without a credit window (vanilla, fifo, p3)."""
+    wall_seconds: float
+    """How long the simulation itself took (all tuning runs included)."""
+
+
+@dataclass
+class Prediction:
+    """All policies on one cluster, plus the ideal lower bound max(compute, communication)."""
+
+    profile: ModelProfile
+    cluster: Cluster
+    compute_time: float
+    communication_time: float
+    results: list[PolicyPrediction]
+    sweep_value: Any = None
+
+    @property
+    def ideal_time(self) -> float:
+        return max(self.compute_time, self.communication_time)
+
+    @property
+    def vanilla(self) -> PolicyPrediction:
+        return self.result(VANILLA)
+
+    def result(self, policy: str) -> PolicyPrediction:
+        for r in self.results:
+            if r.policy == policy:
+                return r
+        raise KeyError(f"no prediction for policy {policy!r}; have {', '.join(r.policy for r in self.results)}")
+
+    def samples_per_second(self, iteration_time: float) -> float:
+        return self.cluster.workers * self.profile.batch_size / iteration_time
+
+    def to_json(self) -> dict[str, Any]:
+        vanilla = self.vanilla.iteration_time
+        return {
+            "cluster": self.cluster.describe(),
+            "sweep_value": self.sweep_value,
+            "compute_time": self.compute_time,
+            "communication_time": self.communication_time,
+            "ideal": {"iteration_time": self.ideal_time,
+                      "throughput": self.samples_per_second(self.ideal_time),
+                      "speedup": vanilla / self.ideal_time},
+            "results": [{f.name: _json_number(getattr(r, f.name)) for f in fields(r)} for r in self.results],
+        }
+
+
+@dataclass
+class Report:
+    """The predictions of one :func:`simulate` call (one per sweep value)."""
+
+    predictions: list[Prediction]
+    sweep_variable: str | None = None
+    policies: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        profile = self.predictions[0].profile
+        return {"profile": {"name": profile.name, "batch_size": profile.batch_size, "layers": len(profile.layers),
+                            "tensors": profile.num_tensors, "bytes": profile.nbytes, "source": profile.source},
+                "units": {"time": "s", "throughput": "samples/s", "bandwidth": "bytes/s", "size": "bytes"},
+                "sweep": self.sweep_variable,
+                "predictions": [p.to_json() for p in self.predictions]}
+
+    def table(self) -> str:
+        """The human-readable table, one block per sweep value."""
+        return "\n\n".join(_block(p, self.sweep_variable) for p in self.predictions)
+
+    def plot(self, path: str) -> None:
+        """Draw throughput and speedup per policy (against the sweep variable, if any)."""
+        from .plot import plot_report  # matplotlib is imported only when a plot is asked for
+        plot_report(self, path)
+
+
+def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] | str | None = None,
+             partition: str | float | None = None, credit: str | float | None = None,
+             sweep: tuple[str, Sequence[Any]] | str | None = None, iterations: int = DEFAULT_ITERATIONS,
+             warmup: int = DEFAULT_WARMUP, tune: bool | Sequence[SchedulingParams] = False,
+             cluster: Cluster | None = None,
+             **cluster_options: Any) -> Report:
+    """Predict iteration time, throughput and speedup over vanilla for every policy.
+
+    Args:
+        profile: a shipped profile name (``vgg16``, ``resnet50``, ``transformer``), a JSON
+            path, or a :class:`ModelProfile`.
+        policies: names or a comma-separated string; default: every policy of
+            :data:`~bytesched.core.config.POLICIES`. Vanilla always runs (it is the baseline).
+        partition, credit: scheduling parameters (``"4MB"`` or bytes); partition ``None``
+            means each policy's own default.
+        sweep: ``("bandwidth", ["1Gbps", "10Gbps"])`` or the command line's
+            ``"bandwidth=1,10,25Gbps"``; one prediction per value.
+        tune: run each credit-window policy at its best partition and credit size of
+            :func:`tuning_grid` (24 simulations each), or of the given list of
+            :class:`SchedulingParams`, instead of ``partition``/``credit``.
+        cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
+            ``bandwidth="10Gbps"``, ``worker_specs=["3:compute=1.5"]`` ...) change its fields.
+    """
+    model = profile if isinstance(profile, ModelProfile) else load_profile(profile)
+    base = make_cluster(cluster, **cluster_options)
+    names = policy_names(policies)
+    variable, values = parse_sweep(sweep) if sweep is not None else (None, [None])
+    if tune and (partition is not None or credit is not None or variable in ("partition", "credit")):
+        raise ConfigError("tune searches the partition and credit sizes itself: do not also give or sweep them")
+    predictions = []
+    for value in values:
+        point, part, cred = base, partition, credit
+        if variable == "partition":
+            part = value
+        elif variable == "credit":
+            cred = value
+        elif variable is not None:
+            point = replace(base, **{variable: value})
+        params = make_params(part, cred)
+        prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune)
+        prediction.sweep_value = value
+        predictions.append(prediction)
+    return Report(predictions, variable, names)
+
+
+def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], params: SchedulingParams, *,
+            iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
+            tune: bool | Sequence[SchedulingParams] = False) -> Prediction:
+    """Run vanilla and every policy in ``policies`` on ``cluster``; with ``tune``, each policy
+    that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
+    the given candidates) instead of ``params``."""
+    grid = tuning_grid() if tune is True else list(tune or [])
+    runs = []
+    for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
+        started = time.perf_counter()
+        candidates = grid if grid and _has_credit(name) else [params]
+        outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
+                      key=lambda r: r.iteration_time)
+        runs.append((outcome, time.perf_counter() - started))
+    prediction = Prediction(profile, cluster, _compute_time(profile, cluster), _communication_time(profile, cluster), [])
+    vanilla = runs[0][0].iteration_time
+    prediction.results = [
+        PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
+                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall)
+        for r, wall in runs]
+    return prediction
+
+
+TUNING_PARTITIONS = (1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000, 32_000_000)
+TUNING_CREDIT_FACTORS = (1, 2, 4, 8)
+
+
+def tuning_grid() -> list[SchedulingParams]:
+    """What ``--tune`` tries: partitions of 1 to 32 MB, credits of 1 to 8 partitions. The
+    paper's speedups are with auto-tuned parameters, and so are the predictions with ``--tune``
+    (an exhaustive grid, where the runtime tuner uses Bayesian optimisation)."""
+    return [SchedulingParams(partition_bytes=p, credit_bytes=p * k)
+            for p in TUNING_PARTITIONS for k in TUNING_CREDIT_FACTORS]
+
+
+def _has_credit(policy: str) -> bool:
+    return policy != VANILLA and isinstance(make_policy(policy, SchedulingParams()), CreditPolicy)
+
+
+# -- the ideal lower bound ------------------------------------------------------------------
+def _compute_time(profile: ModelProfile, cluster: Cluster) -> float:
+    """One iteration of compute on the slowest worker (the PS applies updates on servers)."""
+    slowest = max(spec.compute for spec, _ in cluster.worker_classes())
+    per_layer = (layer.forward + layer.backward + (layer.update if cluster.arch == "allreduce" else 0.0)
+                 for layer in profile.layers)
+    return slowest * sum(per_layer)
+
+
+def _communication_time(profile: ModelProfile, cluster: Cluster) -> float:
+    """Moving every gradient at full bandwidth, with no per-message cost and perfect balance."""
+    fabric = make_fabric(cluster, EventLoop(), cluster.worker_classes())
+    if cluster.arch == "allreduce":
+        return fabric.allreduce_seconds(profile.nbytes, cluster.workers)
+    return fabric.ps_lower_bound(profile.nbytes, cluster.workers)
+
+
+# -- the table --------------------------------------------------------------------------------
+def _block(p: Prediction, sweep_variable: str | None) -> str:
+    c = p.cluster
+    where = f"{c.workers} workers, {c.arch}"
+    if c.arch == "ps":
+        where += f" ({c.num_servers} servers, {c.assignment} placement)"
+    where += f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, latency {c.latency * 1e6:g}us"
+    if c.worker_specs:
+        where += ", " + "; ".join(f"rank {r}: compute x{s.compute:g}" +
+                                  (f" {format_bandwidth(s.bandwidth)}" if s.bandwidth else "") for r, s in c.worker_specs)
+    title = f"{p.profile.name} on {where}"
+    if sweep_variable is not None:
+        title = f"[{sweep_variable} = {format_value(sweep_variable, p.sweep_value)}] " + title
+    header = f"{'policy':<15}{'partition':>10}{'credit':>9}{'iteration':>13}{'samples/s':>12}{'speedup':>9}"
+    lines = [title, header, "-" * len(header)]
+    for r in p.results:
+        part = "-" if r.policy == VANILLA else format_size(r.partition_bytes)
+        cred = "-" if r.credit_bytes is None else format_size(r.credit_bytes)
+        lines.append(f"{r.policy:<15}{part:>10}{cred:>9}{r.iteration_time * 1e3:>10.2f} ms"
+                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x")
+    ideal = p.ideal_time
+    lines.append(f"{'ideal':<15}{'':>10}{'':>9}{ideal * 1e3:>10.2f} ms{p.samples_per_second(ideal):>12.1f}"
+                 f"{p.vanilla.iteration_time / ideal:>8.2f}x")
+    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, communication {p.communication_time * 1e3:.2f} ms))")
+    return "\n".join(lines)
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    return value

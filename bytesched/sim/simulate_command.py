@@ -1,0 +1,78 @@
+"""``bytesched simulate``: predict iteration time, throughput and speedup for every policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..core.config import POLICIES, ConfigError
+from .cluster import ARCHS, ASSIGNMENTS, TOPOLOGIES
+from .options import SWEEPABLE
+from .predict import simulate
+from .profile import ProfileError, shipped_profiles
+from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, SimulationError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``simulate`` subcommand."""
+    p = subparsers.add_parser(
+        "simulate", help="predict iteration time and speedup per policy (discrete-event simulator)",
+        description="Run the real bytesched scheduler in virtual time on a described cluster and "
+                    "predict iteration time, throughput and speedup over the vanilla framework "
+                    "for every policy. See docs/simulator.md.")
+    p.add_argument("--profile", default="vgg16",
+                   help=f"shipped profile ({', '.join(shipped_profiles())}) or a profile JSON path "
+                        "(make one with `bytesched profile`); default vgg16")
+    p.add_argument("--arch", choices=ARCHS, default="allreduce", help="gradient synchronisation (default allreduce)")
+    p.add_argument("--workers", type=int, default=16, help="data-parallel workers, one device each (default 16)")
+    p.add_argument("--bandwidth", default="10Gbps", help="each worker NIC per direction, e.g. 10Gbps, 1.25GB/s")
+    p.add_argument("--servers", type=int, help="parameter servers (ps; default: as many as workers)")
+    p.add_argument("--server-bandwidth", help="each server NIC per direction (ps; default: --bandwidth)")
+    p.add_argument("--topology", choices=TOPOLOGIES, default="full-duplex",
+                   help="a full-duplex NIC per host, or one shared medium (a shaped loopback)")
+    p.add_argument("--overhead", default="300us", help="per-message overhead θ (default 300us, the paper's)")
+    p.add_argument("--latency", default="5us", help="one network hop (default 5us)")
+    p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
+    p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
+    p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
+    p.add_argument("--policy", default=",".join(POLICIES),
+                   help=f"comma-separated policies (default all: {','.join(POLICIES)}); vanilla always runs")
+    p.add_argument("--partition", help="partition size, e.g. 4MB (default: each policy's own)")
+    p.add_argument("--credit", help="credit size, e.g. 16MB (default 16MB)")
+    p.add_argument("--tune", action="store_true",
+                   help="run each credit-window policy at its best partition/credit (a 24-point grid), "
+                        "as the paper's auto-tuned results")
+    p.add_argument("--worker", action="append", default=[], metavar="RANK:compute=F,bandwidth=B",
+                   help="make one worker different (repeatable): e.g. 3:compute=1.5 (a straggler), "
+                        "0:bandwidth=5Gbps (a slower link)")
+    p.add_argument("--sweep", metavar="VAR=V1,V2,...",
+                   help=f"one prediction per value; VAR in {', '.join(SWEEPABLE)}, e.g. bandwidth=1,10,25,40,100Gbps")
+    p.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS, help="measured iterations")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="iterations simulated before measuring")
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON instead of a table")
+    p.add_argument("--plot", metavar="PNG", help="also draw throughput and speedup to this file")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        report = simulate(
+            args.profile, policies=args.policy, partition=args.partition, credit=args.credit,
+            sweep=args.sweep, iterations=args.iterations, warmup=args.warmup, tune=args.tune,
+            arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
+            server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
+            latency=args.latency, assignment=args.assignment, fusion_threshold=args.fusion_threshold,
+            cycle_time=args.cycle_time, worker_specs=args.worker or None)
+    except (ConfigError, ProfileError, SimulationError, ValueError) as error:
+        print(f"bytesched simulate: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(report.table())
+    if args.plot:
+        report.plot(args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,231 @@
+"""One simulated training run: a model profile on a cluster under one policy, in virtual time.
+
+:func:`run` wires the pieces for one policy (or the vanilla baseline) and measures the
+steady-state iteration time:
+
+- every class of identical workers gets a real :class:`~bytesched.core.scheduler.Scheduler`:
+  rank 0's class with the policy from :func:`~bytesched.core.policies.make_policy`, the others
+  as followers exactly as the runtime Core builds them (all-reduce: ``immediate``, since
+  Horovod runs a collective once every rank submitted it; PS: ``rank0`` order, so that workers
+  never wait on each other's different orders under a credit limit);
+- the backend is :class:`~bytesched.sim.allreduce.RingAllreduce` or
+  :class:`~bytesched.sim.ps.ParameterServer` over a processor-sharing fabric;
+- ``vanilla`` is what frameworks do without bytesched: whole tensors in readiness order (the
+  ``fifo`` policy), the global barrier, Horovod's tensor fusion for all-reduce, and the
+  framework's own key placement for PS. Every other policy crosses the barrier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..core.config import SchedulingParams
+from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
+from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
+from ..core.scheduler import Scheduler
+from ..core.task import SubTask, split_elements
+from .allreduce import RingAllreduce
+from .cluster import Cluster, WorkerSpec
+from .engine import EventLoop
+from .network import Fabric, FullDuplexFabric, SharedMediumFabric
+from .profile import ELEMENT_BYTES, ModelProfile
+from .ps import Assignment, ParameterServer
+from .worker import SimCommTask, TensorPlan, WorkerClass
+
+VANILLA = "vanilla"
+"""The baseline every speedup is relative to (see the module docstring)."""
+
+DEFAULT_WARMUP = 2
+DEFAULT_ITERATIONS = 2
+
+
+class SimulationError(RuntimeError):
+    """The simulated job cannot make progress (e.g. a policy deadlocks)."""
+
+
+@dataclass
+class Trace:
+    """What rank 0 did, for plots and tests: its finished sub-tasks (with ready, start and
+    finish times) and its compute spans ``(iteration, "forward"|"backward", layer, start, end)``."""
+
+    subtasks: list[SubTask]
+    compute: list[tuple[int, str, int, float, float]]
+
+
+@dataclass
+class RunResult:
+    """One policy's simulated run."""
+
+    policy: str
+    iteration_time: float
+    iteration_starts: list[float]
+    """When rank 0 began each iteration's forward pass."""
+    backward_starts: list[float]
+    """When rank 0 finished each iteration's forward pass (and began its backward)."""
+    partition_bytes: float
+    credit_bytes: float | None
+    """None if the policy has no credit window (fifo, p3's stop-and-wait, vanilla)."""
+    subtasks_per_iteration: float
+    leader_policy: Policy
+    """Rank 0's policy object after the run (what it learned, e.g. Prophet's profile)."""
+    trace: Trace | None = None
+
+
+# -- backends as the workers see them -----------------------------------------------------------
+class _AllreduceBackend:
+    def __init__(self, ring: RingAllreduce) -> None:
+        self.ring = ring
+
+    def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
+        self.ring.submit(sub, done)
+
+
+class _PSBackend:
+    def __init__(self, ps: ParameterServer) -> None:
+        self.ps = ps
+
+    def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
+        plan = task.plan
+        update = plan.update * sub.nbytes / plan.nbytes if plan.nbytes else 0.0
+        self.ps.start(klass, sub, plan.key_base + sub.index, update, done)
+
+
+# -- building blocks --------------------------------------------------------------------------
+def tensor_plans(profile: ModelProfile, partition_bytes: float,
+                 priorities: Sequence[int] | None = None) -> list[TensorPlan]:
+    """Every gradient tensor in forward order, with its priority (its forward position unless
+    ``priorities`` gives one per tensor) and the number of its first key (partitions are keys)."""
+    count = profile.num_tensors
+    if priorities is not None and len(priorities) != count:
+        raise ValueError(f"priorities has {len(priorities)} entries; {profile.name!r} has {count} tensors")
+    plans = []
+    key = 0
+    index = 0
+    for layer_index, layer in enumerate(profile.layers):
+        for tensor in layer.tensors:
+            share = tensor.nbytes / layer.nbytes if layer.nbytes else 0.0
+            plans.append(TensorPlan(
+                name=tensor.name, layer=layer_index, nbytes=tensor.nbytes,
+                priority=index if priorities is None else int(priorities[index]),
+                key_base=key, update=layer.update * share))
+            key += len(split_elements(tensor.nbytes // ELEMENT_BYTES, ELEMENT_BYTES, partition_bytes))
+            index += 1
+    return plans
+
+
+def make_fabric(cluster: Cluster, loop: EventLoop, classes: Sequence[tuple[WorkerSpec, list[int]]]) -> Fabric:
+    """The cluster's network, one flow slot per class of identical workers."""
+    multiplicity = [len(ranks) for _, ranks in classes]
+    servers = cluster.num_servers if cluster.arch == "ps" else 1
+    if cluster.topology == "shared":
+        return SharedMediumFabric(loop, cluster.bandwidth, multiplicity, servers)
+    bandwidths = [cluster.bandwidth_of(spec) for spec, _ in classes]
+    return FullDuplexFabric(loop, bandwidths, multiplicity, servers, cluster.server_capacity)
+
+
+def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_bytes: float) -> float:
+    """Seconds to communicate one tensor alone (TicTac's time oracle for a transfer)."""
+    pieces = len(split_elements(nbytes // ELEMENT_BYTES, ELEMENT_BYTES, partition_bytes))
+    if cluster.arch == "allreduce":
+        fixed = cluster.overhead + 2 * (cluster.workers - 1) * cluster.latency
+        return pieces * fixed + fabric.allreduce_seconds(nbytes, cluster.workers)
+    return pieces * 2 * (cluster.overhead + cluster.latency) + 2 * fabric.ps_lower_bound(nbytes, cluster.workers)
+
+
+def _tictac_graph(profile: ModelProfile, plans: Sequence[TensorPlan], cluster: Cluster, fabric: Fabric,
+                  partition_bytes: float, compute_scale: float) -> TicTacGraph:
+    comms: list[dict[str, float]] = [{} for _ in profile.layers]
+    for plan in plans:
+        comms[plan.layer][plan.name] = transfer_estimate(cluster, fabric, plan.nbytes, partition_bytes)
+    return TicTacGraph.layer_chain([
+        TicTacLayer(forward=layer.forward * compute_scale, backward=layer.backward * compute_scale, comms=comms[i])
+        for i, layer in enumerate(profile.layers)])
+
+
+# -- one run ----------------------------------------------------------------------------------
+def run(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams | None = None, *,
+        iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
+        priorities: Sequence[int] | None = None, trace: bool = False) -> RunResult:
+    """Simulate under ``policy`` (or :data:`VANILLA`) until rank 0 has finished the forward
+    pass of iteration ``warmup + iterations``; the iteration time is the mean time between the
+    ends of successive forward passes over the last ``iterations`` of them. (With
+    ``warmup=0, iterations=1`` that is one backward pass, its communication and the next
+    forward pass: the quantity Theorem 1 of the paper minimises.)
+
+    ``priorities`` overrides the tensors' priorities (forward order by default), e.g. to try
+    every transmission order; ``trace`` keeps rank 0's sub-tasks and compute spans.
+    """
+    if iterations < 1 or warmup < 0:
+        raise ValueError(f"iterations={iterations} must be >= 1 and warmup={warmup} >= 0")
+    params = params or SchedulingParams()
+    vanilla = policy == VANILLA
+    policy_name = "fifo" if vanilla else policy
+    leader_policy = make_policy(policy_name, params)
+    partition_bytes = leader_policy.partition_bytes()
+    plans = tensor_plans(profile, partition_bytes, priorities)
+
+    loop = EventLoop()
+    classes = cluster.worker_classes()
+    fabric = make_fabric(cluster, loop, classes)
+    if cluster.arch == "allreduce":
+        ring = RingAllreduce(loop, fabric, cluster.workers, len(classes),
+                             overhead=cluster.overhead, latency=cluster.latency,
+                             fusion_threshold=cluster.fusion_threshold, cycle_time=cluster.cycle_time)
+        backend: _AllreduceBackend | _PSBackend = _AllreduceBackend(ring)
+    else:
+        assignment = Assignment(cluster.assignment, cluster.num_servers, cluster.bigarray_bound)
+        backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
+                                             overhead=cluster.overhead, latency=cluster.latency))
+
+    workers: list[WorkerClass] = []
+    for index, (spec, _ranks) in enumerate(classes):
+        if index == 0:
+            policy_object: Policy = leader_policy
+        elif cluster.arch == "ps" and not vanilla:
+            policy_object = FollowOrderPolicy(make_policy(policy_name, params))
+        else:
+            policy_object = ImmediatePolicy(make_policy(policy_name, params))
+        if isinstance(policy_object, TicTacPolicy):
+            policy_object.set_graph(_tictac_graph(profile, plans, cluster, fabric, partition_bytes, spec.compute))
+        workers.append(WorkerClass(index, loop, profile, plans, Scheduler(policy_object), backend,
+                                   compute_scale=spec.compute, barrier=vanilla,
+                                   update_on_device=cluster.arch == "allreduce"))
+    leader = workers[0]
+    if cluster.arch == "ps" and not vanilla:
+        leader.followers = workers[1:]
+    if trace:
+        leader.compute_spans = []
+        leader.finished_subtasks = []
+
+    total = warmup + iterations
+    leader.on_backward_start = lambda k: loop.stop() if k == total else None
+    for worker in workers:
+        worker.begin()
+    if not loop.run():
+        raise SimulationError(_stall_report(policy, workers, loop.now))
+
+    marks = leader.backward_starts
+    started = leader.scheduler.stats.subtasks_started
+    return RunResult(
+        policy=policy,
+        iteration_time=(marks[total] - marks[warmup]) / iterations,
+        iteration_starts=list(leader.iteration_starts),
+        backward_starts=list(leader.backward_starts),
+        partition_bytes=partition_bytes,
+        credit_bytes=params.credit_bytes if isinstance(leader_policy, CreditPolicy) else None,
+        subtasks_per_iteration=started / total,
+        leader_policy=leader_policy,
+        trace=Trace(leader.finished_subtasks or [], leader.compute_spans or []) if trace else None,
+    )
+
+
+def _stall_report(policy: str, workers: Sequence[WorkerClass], now: float) -> str:
+    parts = []
+    for worker in workers:
+        stuck = worker.scheduler.unfinished()
+        if stuck:
+            names = ", ".join(t.name for t in stuck[:3]) + (" ..." if len(stuck) > 3 else "")
+            parts.append(f"worker class {worker.index}: {len(stuck)} tasks unfinished ({names})")
+    detail = "; ".join(parts) or "no task unfinished (a compute chain stopped)"
+    return f"policy {policy!r}: the simulated job stalled at t={now:.6f}s: {detail}"

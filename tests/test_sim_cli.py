@@ -1,0 +1,134 @@
+"""``bytesched simulate`` and its Python mirror :func:`bytesched.sim.simulate`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bytesched.cli import main as cli
+from bytesched.core.config import POLICIES, ConfigError, SchedulingParams
+from bytesched.sim import Cluster, WorkerSpec, parse_bandwidth, parse_duration, simulate
+from bytesched.sim.options import make_cluster
+from bytesched.sim.predict import tuning_grid
+
+from conftest import REPO_ROOT
+
+
+def test_units() -> None:
+    assert parse_bandwidth("10Gbps") == 1.25e9
+    assert parse_bandwidth("25Gbit/s") == 3.125e9
+    assert parse_bandwidth("1.25GB/s") == 1.25e9
+    assert parse_bandwidth(5e8) == 5e8
+    for bad in ("10Gb/s", "fast", "0Gbps", "-1"):
+        with pytest.raises(ConfigError, match="bandwidth"):
+            parse_bandwidth(bad)
+    assert parse_duration("300us") == pytest.approx(3e-4)
+    assert parse_duration("1.5ms") == pytest.approx(1.5e-3)
+    with pytest.raises(ConfigError, match="not a duration"):
+        parse_duration("3 parsecs")
+
+
+def test_cluster_options_are_parsed_and_checked() -> None:
+    c = make_cluster(arch="ps", workers="8", bandwidth="25Gbps", overhead="50us",
+                     worker_specs=["3:compute=1.5,bandwidth=1Gbps"])
+    assert (c.arch, c.workers, c.bandwidth, c.overhead) == ("ps", 8, 3.125e9, pytest.approx(5e-5))
+    assert c.worker_specs == ((3, WorkerSpec(compute=1.5, bandwidth=1.25e8)),)
+    assert [len(ranks) for _, ranks in c.worker_classes()] == [7, 1]
+    assert c.num_servers == 8
+    for options, message in (
+        ({"arch": "ring"}, "arch='ring' is unknown"),
+        ({"workers": 0}, "workers=0"),
+        ({"worker_specs": ["9:compute=2"]}, "ranks are 0..3"),
+        ({"worker_specs": ["1:speed=2"]}, "is not compute=FACTOR"),
+        ({"colour": "red"}, "'colour' is not a cluster option"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            make_cluster(Cluster(workers=4), **options)
+
+
+def test_simulate_api_every_policy_against_vanilla() -> None:
+    report = simulate("resnet50", arch="allreduce", workers=8, bandwidth="10Gbps", partition="8MB", credit="32MB")
+    (prediction,) = report.predictions
+    assert [r.policy for r in prediction.results] == ["vanilla", *POLICIES]
+    vanilla = prediction.vanilla
+    assert vanilla.speedup == 1.0
+    for r in prediction.results:
+        assert r.speedup == pytest.approx(vanilla.iteration_time / r.iteration_time)
+        assert r.throughput == pytest.approx(8 * 32 / r.iteration_time)
+        assert r.iteration_time >= prediction.ideal_time * (1 - 1e-9)  # nothing beats the lower bound
+    assert prediction.result("bytescheduler").partition_bytes == 8e6
+    assert prediction.result("bytescheduler").credit_bytes == 32e6
+    assert prediction.result("p3").credit_bytes is None  # stop-and-wait has no credit window
+    table = report.table()
+    assert "resnet50 on 8 workers, allreduce" in table and "ideal = max(compute" in table
+
+
+def test_sweep_with_unit_on_the_last_value() -> None:
+    report = simulate("vgg16", policies="bytescheduler", sweep="bandwidth=1,10,100Gbps")
+    assert [p.cluster.bandwidth for p in report.predictions] == [1.25e8, 1.25e9, 1.25e10]
+    assert report.predictions[0].vanilla.iteration_time > report.predictions[2].vanilla.iteration_time
+    credits = simulate("vgg16", policies="bytescheduler", sweep=("credit", ["4MB", "64MB"])).predictions
+    assert [p.result("bytescheduler").credit_bytes for p in credits] == [4e6, 64e6]
+    with pytest.raises(ConfigError, match="cannot sweep 'colour'"):
+        simulate("vgg16", sweep="colour=1,2")
+
+
+def test_tuning_picks_the_best_of_the_grid() -> None:
+    grid = [SchedulingParams(partition_bytes=4e6, credit_bytes=4e6), SchedulingParams(partition_bytes=8e6, credit_bytes=32e6)]
+    tuned = simulate("vgg16", arch="ps", workers=4, policies="bytescheduler,p3", tune=grid).predictions[0]
+    each = [simulate("vgg16", arch="ps", workers=4, policies="bytescheduler", partition=p.partition_bytes,
+                     credit=p.credit_bytes).predictions[0].result("bytescheduler").iteration_time for p in grid]
+    assert tuned.result("bytescheduler").iteration_time == min(each)
+    assert tuned.result("p3").partition_bytes == 160_000  # no credit window: nothing to tune
+    assert len(tuning_grid()) == 24
+    with pytest.raises(ConfigError, match="do not also give"):
+        simulate("vgg16", tune=True, partition="4MB")
+
+
+def test_simulate_command_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "out.png"
+    assert cli(["simulate", "--profile", "vgg16", "--arch", "ps", "--workers", "16", "--bandwidth", "10Gbps",
+                "--servers", "4", "--policy", "fifo,bytescheduler", "--partition", "8MB", "--credit", "32MB",
+                "--json", "--plot", str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (prediction,) = data["predictions"]
+    assert data["profile"]["name"] == "vgg16" and data["units"]["time"] == "s"
+    assert prediction["cluster"]["servers"] == 4 and prediction["cluster"]["workers"] == 16
+    assert [r["policy"] for r in prediction["results"]] == ["vanilla", "fifo", "bytescheduler"]
+    assert prediction["results"][1]["credit_bytes"] is None
+    assert prediction["ideal"]["iteration_time"] == max(prediction["compute_time"], prediction["communication_time"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_command_sweep_plot_and_heterogeneous_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "sweep.png"
+    assert cli(["simulate", "--profile", "resnet50", "--workers", "8", "--policy", "bytescheduler",
+                "--worker", "2:compute=2", "--sweep", "bandwidth=10,40Gbps", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "[bandwidth = 10Gbps]" in out and "[bandwidth = 40Gbps]" in out and "rank 2: compute x2" in out
+    assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "fastest"], "policy 'fastest' is unknown"),
+    (["--bandwidth", "10Gb/s"], "is not a bandwidth"),
+    (["--profile", "alexnet"], "no profile named 'alexnet'"),
+    (["--worker", "1:compute=0"], "compute factor must be a positive number"),
+    (["--partition", "4XB"], "is not a size"),
+])
+def test_simulate_command_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["simulate", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_help() -> None:
+    """The registered subcommands are reachable through ``python -m bytesched.cli``."""
+    for command, option in (("simulate", "--sweep"), ("profile", "--measure")):
+        done = subprocess.run([sys.executable, "-m", "bytesched.cli", command, "--help"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert option in done.stdout

@@ -1,0 +1,150 @@
+"""The simulator drives the real Scheduler: every policy, identical and heterogeneous workers,
+the global barrier versus crossing it, and stalls reported instead of hanging."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bytesched.core.config import POLICIES, SchedulingParams
+from bytesched.core.policies import PriorityPolicy, Window, register
+from bytesched.core.policies.tictac import Layer as TicTacLayer, TicTacGraph, tac_order
+from bytesched.core.task import SubTask
+from bytesched.sim import Cluster, Layer, ModelProfile, SimulationError, Tensor, WorkerSpec, VANILLA, run
+from bytesched.sim.simulator import transfer_estimate, make_fabric
+from bytesched.sim.engine import EventLoop
+
+MB = 1_000_000
+
+
+def small_model() -> ModelProfile:
+    """Five layers with a big tensor near the output, as VGG16 has."""
+    sizes = [(2 * MB, 4_000), (3 * MB, 4_000), (6 * MB, 8_000), (40 * MB, 16_000), (4 * MB, 400)]
+    return ModelProfile("small", tuple(
+        Layer(f"layer{i}", 2e-3 + 1e-3 * i, 4e-3 + 1e-3 * i, (Tensor(f"w{i}", w), Tensor(f"b{i}", b)), update=2e-4)
+        for i, (w, b) in enumerate(sizes)), batch_size=16)
+
+
+def cluster(arch: str, **changes: object) -> Cluster:
+    return Cluster(**{"workers": 4, "arch": arch, "bandwidth": 10e9 / 8, **changes})  # type: ignore[arg-type]
+
+
+PARAMS = SchedulingParams(partition_bytes=2 * MB, credit_bytes=8 * MB)
+
+
+@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+@pytest.mark.parametrize("policy", [VANILLA, *POLICIES])
+def test_every_registered_policy_runs(arch: str, policy: str) -> None:
+    result = run(small_model(), cluster(arch), policy, PARAMS)
+    assert 0 < result.iteration_time < 1.0
+    assert result.subtasks_per_iteration >= 10  # every tensor communicated each iteration
+
+
+@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+def test_tictac_gets_the_layer_chain_with_transfer_times(arch: str) -> None:
+    profile, c = small_model(), cluster(arch)
+    result = run(profile, c, "tictac", PARAMS)
+    fabric = make_fabric(c, EventLoop(), c.worker_classes())
+    expected = TicTacGraph.layer_chain([
+        TicTacLayer(l.forward, l.backward, {t.name: transfer_estimate(c, fabric, t.nbytes, 2 * MB) for t in l.tensors})
+        for l in profile.layers])
+    ranks = result.leader_policy.ranks  # type: ignore[attr-defined]
+    assert sorted(ranks, key=ranks.__getitem__) == tac_order(expected)
+
+
+def test_prophet_learns_generation_times_and_bandwidth() -> None:
+    result = run(small_model(), cluster("ps"), "prophet", PARAMS, warmup=2, iterations=1)
+    prophet = result.leader_policy
+    assert set(prophet.offsets) == {t.name for l in small_model().layers for t in l.tensors}  # type: ignore[attr-defined]
+    assert prophet.link.bandwidth is not None and prophet.link.bandwidth > 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+@pytest.mark.parametrize("policy", [VANILLA, "bytescheduler"])
+def test_identical_workers_simulated_once_match_simulating_each(arch: str, policy: str) -> None:
+    """Four workers that differ by a billionth in speed are simulated one by one; the result is
+    the identical-workers shortcut's (one class of four counting four flows on shared links)."""
+    profile = small_model()
+    together = run(profile, cluster(arch), policy, PARAMS).iteration_time
+    apart_cluster = cluster(arch, worker_specs=tuple((r, WorkerSpec(compute=1 + r * 1e-9)) for r in range(1, 4)))
+    assert len(apart_cluster.worker_classes()) == 4
+    apart = run(profile, apart_cluster, policy, PARAMS).iteration_time
+    assert apart == pytest.approx(together, rel=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["allreduce", "ps"])
+def test_a_straggler_slows_everybody(arch: str) -> None:
+    profile = small_model()
+    base = run(profile, cluster(arch), "bytescheduler", PARAMS).iteration_time
+    slow = run(profile, cluster(arch, worker_specs=((2, WorkerSpec(compute=3.0)),)), "bytescheduler", PARAMS)
+    assert slow.iteration_time >= 3.0 * sum(l.forward + l.backward for l in profile.layers)
+    assert slow.iteration_time > base * 1.5
+
+
+def test_a_slower_link_slows_the_ring() -> None:
+    profile = small_model()
+    base = run(profile, cluster("allreduce"), VANILLA, PARAMS).iteration_time
+    slow = run(profile, cluster("allreduce", worker_specs=((3, WorkerSpec(bandwidth=1e9 / 8)),)), VANILLA, PARAMS)
+    assert slow.iteration_time > base * 3  # the whole ring runs at the slowest link (10x slower)
+
+
+def test_vanilla_waits_at_the_barrier_and_bytescheduler_crosses_it() -> None:
+    profile = small_model()
+    for policy, crossing in ((VANILLA, False), ("bytescheduler", True)):
+        result = run(profile, cluster("ps"), policy, PARAMS, warmup=1, iterations=1, trace=True)
+        trace = result.trace
+        assert trace is not None
+        comm_end = {}  # (iteration, layer) -> when its last sub-task finished
+        layer_of = {t.name: i for i, l in enumerate(profile.layers) for t in l.tensors}
+        for sub in trace.subtasks:
+            key = (sub.task.instance, layer_of[sub.task.name])
+            comm_end[key] = max(comm_end.get(key, 0.0), sub.t_finish)
+        forward_start = {(it, layer): start for it, kind, layer, start, _ in trace.compute if kind == "forward"}
+        all_done = max(t for (it, _), t in comm_end.items() if it == 0)
+        for layer in range(len(profile.layers)):
+            assert forward_start[1, layer] >= comm_end[0, layer] - 1e-12  # never before its own data
+        crossed = forward_start[1, 0] < all_done
+        assert crossed == crossing, policy
+
+
+def test_deterministic() -> None:
+    a = run(small_model(), cluster("ps"), "prophet", PARAMS, trace=True)
+    b = run(small_model(), cluster("ps"), "prophet", PARAMS, trace=True)
+    assert a.iteration_starts == b.iteration_starts
+    assert a.trace and b.trace
+    assert [(s.key, s.t_start, s.t_finish) for s in a.trace.subtasks] == [(s.key, s.t_start, s.t_finish) for s in b.trace.subtasks]
+
+
+def test_shared_medium_is_slower_than_full_duplex_links() -> None:
+    profile = small_model()
+    full = run(profile, cluster("ps"), "bytescheduler", PARAMS).iteration_time
+    shared = run(profile, cluster("ps", topology="shared"), "bytescheduler", PARAMS).iteration_time
+    assert shared > 2 * full  # one medium carries every worker's pushes and pulls
+
+
+class _NeverStarts(PriorityPolicy):
+    """A broken policy: admits nothing, ever."""
+
+    name = "test-never-starts"
+    default_partition_bytes = math.inf
+
+    def admits(self, sub: SubTask, window: Window, now: float) -> bool:
+        return False
+
+
+register(_NeverStarts)
+
+
+def test_a_stalled_job_is_reported_not_hung() -> None:
+    with pytest.raises(SimulationError, match=r"'test-never-starts'.*stalled.*tasks unfinished \(w4"):
+        run(small_model(), cluster("allreduce"), "test-never-starts", PARAMS)
+
+
+def test_bad_arguments_name_the_culprit() -> None:
+    with pytest.raises(ValueError, match="priorities has 3 entries"):
+        run(small_model(), cluster("ps"), "bytescheduler", PARAMS, priorities=[0, 1, 2])
+    with pytest.raises(ValueError, match="iterations=0"):
+        run(small_model(), cluster("ps"), "bytescheduler", PARAMS, iterations=0)
+    with pytest.raises(ValueError, match="policy 'nope' is unknown"):
+        run(small_model(), cluster("ps"), "nope", PARAMS)
