@@ -101,6 +101,16 @@ class Config:
     channel_timeout_s: float = 60.0
     job_token: str = ""
     stall_warning_s: float = 60.0
+    tuning: bool = False
+    tuning_max_trials: int = 15
+    tuning_steps_per_trial: int = 50
+    tuning_warmup_steps: int = 10
+    tuning_seed: int = 0
+    tuning_xi: float = 0.1
+    tuning_log: str | None = None
+    tuning_load: str | None = None
+    tuning_profile: str | None = None
+    tuning_bandwidth: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -157,6 +167,31 @@ def _port(name: str, text: str) -> int:
     return int(text)
 
 
+def _flag(name: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on", "no", "yes"):
+        raise ConfigError(f"{name}={text!r} is not a switch: expected 1 or 0 (true/false, on/off, yes/no)")
+    return value in ("1", "true", "on", "yes")
+
+
+def _count(minimum: int) -> Callable[[str, str], int]:
+    def parse(name: str, text: str) -> int:
+        if not text.strip().isdecimal() or int(text) < minimum:
+            raise ConfigError(f"{name}={text!r} is not valid: expected an integer >= {minimum}")
+        return int(text)
+    return parse
+
+
+def _non_negative_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number: expected e.g. 0.1") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise ConfigError(f"{name}={text!r} must be a finite number >= 0")
+    return value
+
+
 def _text(name: str, text: str) -> str:
     if not text.strip():
         raise ConfigError(f"{name} is set but empty: unset it or give a value")
@@ -175,8 +210,8 @@ VARIABLES: tuple[Variable, ...] = (
              "immediate (followers start when ready; the backend negotiates order, e.g. Horovod), "
              "auto (the plugin picks)."),
     Variable("BYTESCHED_TIMELINE", "timeline", _text, "(off)",
-             "Write a Chrome-trace timeline to this path (rank r writes path with '.r' inserted "
-             "before the extension when several ranks run)."),
+             "Write a Chrome-trace timeline to this path; when several ranks run, rank r writes the "
+             "path with '.r' inserted before the extension (tl.json -> tl.0.json, tl.1.json, ...)."),
     Variable("BYTESCHED_LOG_LEVEL", "log_level", _choice(LOG_LEVELS, upper=True), "WARNING",
              "Log level of the 'bytesched' logger."),
     Variable("BYTESCHED_CHANNEL_HOST", "channel_host", _text, "127.0.0.1",
@@ -186,9 +221,34 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_CHANNEL_TIMEOUT_S", "channel_timeout_s", _positive_float, "60",
              "Seconds to wait for peers on the control channel before failing."),
     Variable("BYTESCHED_JOB_TOKEN", "job_token", _text, "(derived from the launcher)",
-             "Per-job token; control messages carrying another token are rejected."),
+             "Per-job secret shared by all ranks; rank-0 channel messages not authenticated with it "
+             "are rejected. Unset: derived from the launcher's rendezvous (HOROVOD_GLOO_RENDEZVOUS_ADDR/"
+             "PORT, DMLC_PS_ROOT_URI/PORT or MASTER_ADDR/PORT), which keeps jobs apart but is no secret."),
     Variable("BYTESCHED_STALL_WARNING_S", "stall_warning_s", _positive_float, "60",
              "Warn when a started sub-task has not finished after this many seconds."),
+    Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
+             "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
+             "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),
+    Variable("BYTESCHED_TUNING_MAX_TRIALS", "tuning_max_trials", _count(1), "15",
+             "Tuning: most (partition, credit) points tried; it stops earlier when little is left to gain."),
+    Variable("BYTESCHED_TUNING_STEPS_PER_TRIAL", "tuning_steps_per_trial", _count(1), "50",
+             "Tuning: training steps each trial runs (warm-up, measurement window, announcement lead)."),
+    Variable("BYTESCHED_TUNING_WARMUP_STEPS", "tuning_warmup_steps", _count(0), "10",
+             "Tuning: steps at the start of each trial that are not measured."),
+    Variable("BYTESCHED_TUNING_SEED", "tuning_seed", _count(0), "0",
+             "Tuning: seed of the optimiser's random choices (the same seed proposes the same points)."),
+    Variable("BYTESCHED_TUNING_XI", "tuning_xi", _non_negative_float, "0.1",
+             "Tuning: exploration parameter of Expected Improvement, in log-throughput units."),
+    Variable("BYTESCHED_TUNING_LOG", "tuning_log", _text, "(off)",
+             "Tuning: rank 0 writes every trial to this CSV file (trial, partition, credit, throughput, best)."),
+    Variable("BYTESCHED_TUNING_LOAD", "tuning_load", _text, "(off)",
+             "Start from the best point of a previous job's tuning log (alone: use it; with "
+             "BYTESCHED_TUNING=1: try it first)."),
+    Variable("BYTESCHED_TUNING_PROFILE", "tuning_profile", _text, "(off)",
+             "Tuning warm start: model profile (JSON from `bytesched profile`, or vgg16/resnet50/transformer) "
+             "the simulator predicts good first points from; needs BYTESCHED_TUNING_BANDWIDTH."),
+    Variable("BYTESCHED_TUNING_BANDWIDTH", "tuning_bandwidth", _text, "(off)",
+             "Tuning warm start: measured per-worker network bandwidth, e.g. 10Gbps."),
 )
 
 # The original ByteScheduler's variables count 4-byte elements.
@@ -229,7 +289,29 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
                 params[var.target.split(".", 1)[1]] = value
             else:
                 values[var.target] = value
+    values.setdefault("job_token", launcher_job_token(env))
     return Config(params=SchedulingParams(**params), **values)
+
+
+# Variables a launcher gives every rank of one job alike, and another job differently (a fresh
+# rendezvous port): when BYTESCHED_JOB_TOKEN is unset, the first group present names the job.
+LAUNCHER_RENDEZVOUS: tuple[tuple[str, ...], ...] = (
+    ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"),  # horovodrun
+    ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"),  # MXNet parameter server, bytesched launch
+    ("MASTER_ADDR", "MASTER_PORT"),  # torchrun, torch.distributed env://
+)
+
+
+def launcher_job_token(env: Mapping[str, str]) -> str:
+    """A job token derived from the launcher's rendezvous, or "" if no launcher variables are set.
+
+    It keeps jobs apart (a stale process of another job cannot join this job's channel) but it
+    is not a secret: set BYTESCHED_JOB_TOKEN for that.
+    """
+    for group in LAUNCHER_RENDEZVOUS:
+        if all(env.get(name) for name in group):
+            return "launcher:" + ",".join(f"{name}={env[name]}" for name in group)
+    return ""
 
 
 # Variables read by other layers (tuning, launchers, checks) through their own typed config;
@@ -237,6 +319,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
 _EXTRA_VARIABLES: dict[str, str] = {
     "BYTESCHED_RANK": "Rank of this worker, set by `bytesched launch` for parameter-server jobs.",
     "BYTESCHED_WORLD_SIZE": "Number of workers, set by `bytesched launch`.",
+    "BYTESCHED_TEST_TOKEN": "Set by the test suite (tests/conftest.py) on every process a multi-process "
+                            "test starts, to find leftovers; not a setting.",
 }
 
 

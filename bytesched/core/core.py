@@ -25,7 +25,7 @@ from .task import CommTask, SubTask
 
 log = logging.getLogger("bytesched")
 
-_ENQUEUE, _READY, _FINISH, _PARAMS, _ANNOUNCE, _CALL, _STOP = range(7)
+_ENQUEUE, _ENQUEUE_READY, _READY, _FINISH, _PARAMS, _ANNOUNCE, _CALL, _STOP = range(8)
 
 
 class CoreShutdownError(RuntimeError):
@@ -127,9 +127,7 @@ class Core:
         """Hand ``task`` to the Core; with ``ready=True`` it is also ready (saves one event)."""
         self._check_accepting(task)
         task.core = self
-        self._events.put((_ENQUEUE, task))
-        if ready:
-            self._events.put((_READY, task))
+        self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
     def post_ready(self, task: CommTask) -> None:
         """Event: ``task`` is ready (use :meth:`CommTask.notify_ready`)."""
@@ -180,6 +178,7 @@ class Core:
         get = self._events.get
         empty = self._events.empty
         sched = self.scheduler
+        timeline = self._timeline
         clock = time.monotonic
         stop_deadline: float | None = None
         next_stall_check = clock() + self.config.stall_warning_s
@@ -193,15 +192,18 @@ class Core:
             while event is not None:
                 kind, obj = event
                 now = clock()
-                if kind == _READY:
-                    started += sched.ready(obj, now)
-                elif kind == _FINISH:
+                if kind == _FINISH:  # the most frequent event first: one per sub-task
                     started += sched.finish(obj, now)
+                    if timeline is not None:
+                        timeline.record(obj)
                     task = obj.task
-                    if self._timeline is not None:
-                        self._timeline.record(obj)
-                    if task.remaining == 0:
+                    if not task.remaining:
                         task.on_finish()
+                elif kind == _ENQUEUE_READY:
+                    sched.enqueue(obj, now)
+                    started += sched.ready(obj, now)
+                elif kind == _READY:
+                    started += sched.ready(obj, now)
                 elif kind == _ENQUEUE:
                     sched.enqueue(obj, now)
                 elif kind == _PARAMS:

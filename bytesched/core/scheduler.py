@@ -9,9 +9,9 @@ only place a scheduling decision is made, the simulator predicts exactly what th
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
+from math import isnan
 from typing import Iterable
 
 from .config import SchedulingParams
@@ -58,8 +58,8 @@ class Scheduler:
         """Partition ``task`` at the current partition size; its sub-tasks wait to be ready."""
         if task.subtasks:
             raise SchedulingError(f"{task!r} was enqueued twice; create a new CommTask per iteration")
-        task.instance = self._instances[task.name]
-        self._instances[task.name] += 1
+        instance = task.instance = self._instances[task.name]
+        self._instances[task.name] = instance + 1
         task.seq = self._seq
         self._seq += 1
         task.t_enqueue = now
@@ -76,7 +76,7 @@ class Scheduler:
         """``task``'s tensor is computed: queue its sub-tasks and start what may start."""
         if not task.subtasks:
             raise SchedulingError(f"{task!r} became ready before it was enqueued")
-        if not math.isnan(task.subtasks[0].t_ready):
+        if not isnan(task.subtasks[0].t_ready):
             raise SchedulingError(f"{task!r} was notified ready twice")
         push = self.policy.push
         for sub in task.subtasks:
@@ -87,17 +87,18 @@ class Scheduler:
 
     def finish(self, sub: SubTask, now: float) -> list[SubTask]:
         """``sub``'s communication completed: return its credit and start what may start."""
-        if math.isnan(sub.t_start):
+        if isnan(sub.t_start):
             raise SchedulingError(f"{sub!r} finished but was never started")
-        if not math.isnan(sub.t_finish):
+        if not isnan(sub.t_finish):
             raise SchedulingError(f"{sub!r} finished twice")
         sub.t_finish = now
-        self.window.inflight_bytes -= sub.nbytes
-        self.window.inflight_count -= 1
+        window = self.window
+        window.inflight_bytes -= sub.nbytes
+        window.inflight_count -= 1
         self.stats.subtasks_finished += 1
         task = sub.task
         task.remaining -= 1
-        if task.remaining == 0:
+        if not task.remaining:
             del self._unfinished[(task.name, task.instance)]
         self.policy.on_finish(sub, now)
         return self.schedule(now)
@@ -123,26 +124,36 @@ class Scheduler:
     def schedule(self, now: float) -> list[SubTask]:
         """Start ready sub-tasks in the policy's order while it admits them."""
         policy = self.policy
+        sub = policy.peek(now)
+        if sub is None:  # the common case after a finish: nothing waits
+            return []
         window = self.window
-        stats = self.stats
         started: list[SubTask] = []
-        while True:
-            sub = policy.peek(now)
-            if sub is None or not policy.admits(sub, window, now):
-                break
+        # Statistics are summed in locals and stored once (this loop runs for every sub-task).
+        # The window only fills up here, so its peak is its state at the end.
+        delay_total = 0.0
+        delay_max = self.stats.queue_delay_max
+        bytes_started = 0
+        while sub is not None and policy.admits(sub, window, now):
             policy.pop()
             sub.t_start = now
             window.inflight_bytes += sub.nbytes
             window.inflight_count += 1
+            bytes_started += sub.nbytes
             delay = now - sub.t_ready
-            stats.queue_delay_total += delay
-            if delay > stats.queue_delay_max:
-                stats.queue_delay_max = delay
-            stats.bytes_started += sub.nbytes
+            delay_total += delay
+            if delay > delay_max:
+                delay_max = delay
+            started.append(sub)
+            sub = policy.peek(now)
+        if started:
+            stats = self.stats
+            stats.subtasks_started += len(started)
+            stats.bytes_started += bytes_started
+            stats.queue_delay_total += delay_total
+            stats.queue_delay_max = delay_max
             if window.inflight_bytes > stats.max_inflight_bytes:
                 stats.max_inflight_bytes = window.inflight_bytes
-            started.append(sub)
-        stats.subtasks_started += len(started)
         return started
 
     # -- queries ------------------------------------------------------------------------------

@@ -31,9 +31,7 @@ class SubTask:
         self.nbytes = nbytes
         self.payload = payload
         self.key: tuple[str, int, int] = (task.name, task.instance, index)
-        self.t_ready = math.nan
-        self.t_start = math.nan
-        self.t_finish = math.nan
+        self.t_ready = self.t_start = self.t_finish = math.nan
 
     @property
     def priority(self) -> int:
@@ -97,16 +95,18 @@ class CommTask(ABC):
     # -- signals from the framework -----------------------------------------------------------
     def notify_ready(self) -> None:
         """The tensor has been computed: its sub-tasks may now be scheduled."""
-        self._core().post_ready(self)
+        if self.core is None:
+            raise self._not_enqueued()
+        self.core.post_ready(self)
 
     def notify_finish(self, subtask: SubTask) -> None:
         """The communication of ``subtask`` is complete: return its credit."""
-        self._core().post_finish(subtask)
+        if self.core is None:  # checked inline: this runs once per sub-task
+            raise self._not_enqueued()
+        self.core.post_finish(subtask)
 
-    def _core(self) -> "Core":
-        if self.core is None:
-            raise RuntimeError(f"CommTask {self.name!r} was not enqueued to a Core: call Core.enqueue(task) first")
-        return self.core
+    def _not_enqueued(self) -> RuntimeError:
+        return RuntimeError(f"CommTask {self.name!r} was not enqueued to a Core: call Core.enqueue(task) first")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, priority={self.priority}, {self.nbytes}B)"

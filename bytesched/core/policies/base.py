@@ -4,7 +4,7 @@ it start now?". Everything else (partitioning, credit accounting, statistics) is
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -94,7 +94,7 @@ class PriorityPolicy(Policy):
 
     def push(self, sub: SubTask, now: float) -> None:
         task = sub.task
-        heapq.heappush(self._heap, (self.rank_of(task), task.seq, sub.index, sub))
+        heappush(self._heap, (self.rank_of(task), task.seq, sub.index, sub))
 
     def rank_of(self, task: CommTask) -> int:
         """The priority number the queue orders by (the task's own, unless a policy derives one)."""
@@ -104,7 +104,7 @@ class PriorityPolicy(Policy):
         return self._heap[0][3] if self._heap else None
 
     def pop(self) -> SubTask:
-        return heapq.heappop(self._heap)[3]
+        return heappop(self._heap)[3]
 
     def __len__(self) -> int:
         return len(self._heap)
