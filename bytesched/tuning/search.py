@@ -1,0 +1,174 @@
+"""Bayesian optimisation of (partition, credit): scikit-optimize's Gaussian process and Expected
+Improvement over the lattice of :mod:`bytesched.tuning.space` (paper §4.3).
+
+The objective handed to the optimiser is ``-log(throughput)``: scikit-optimize minimises, and on
+a log scale a 10% gain means the same at 100 and at 10,000 samples/s, so the exploration
+parameter ``xi`` (0.1 by default, the paper's value) reads as "look for about 10% more" whatever
+the model's speed. The first trials are the points the caller suggests (the configured sizes, a
+previous job's best, the simulator's predictions), topped up from a Latin hypercube (spread over
+both knobs, which found the optimum in 30% fewer trials than uniformly random first points in
+``bytesched bench tuning``) until :data:`MIN_INITIAL` are known; the Gaussian process proposes
+every later one.
+
+Noise: the process fits a white-noise term, so the best point is the measured point with the
+best *posterior mean*, not the luckiest single measurement, and the search stops when the largest
+Expected Improvement (without ``xi``) left anywhere on the lattice has stayed below ``min_gain``
+for :data:`STOP_PATIENCE` trials, once :data:`MIN_TRIALS` were measured.
+
+The linear algebra runs on one BLAS thread: the matrices are tiny, and OpenBLAS's default of one
+spinning thread per core made each fit several times slower (and would steal the cores a
+training step runs on).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+from skopt import Optimizer
+from skopt.acquisition import gaussian_ei
+from skopt.space import Integer
+from skopt.utils import cook_estimator
+from threadpoolctl import threadpool_limits
+
+from .space import Point, SearchSpace
+
+MIN_INITIAL = 3
+"""Points measured before the Gaussian process proposes (a Latin hypercube fills up the suggested)."""
+MIN_GAIN = 0.02
+"""Stop when no untried point is expected to be more than about 2% faster than the best..."""
+STOP_PATIENCE = 2
+"""...after each of this many trials in a row (one refit of the process can be overconfident)..."""
+MIN_TRIALS = 8
+"""...but not before this many trials: with fewer points the process's length scales are guesses,
+and on a landscape that looks flat from three points it stopped 5-8% short of the optimum."""
+XI = 0.1
+"""Expected Improvement's exploration margin: the paper's value (its §4.3)."""
+ACQUISITION_SAMPLES = 2000
+"""Lattice points drawn to maximise EI over (the lattice has 169: each is drawn almost surely)."""
+
+
+class BayesianSearch:
+    """Ask for the next lattice point, tell its measured throughput, repeat until :meth:`should_stop`.
+
+    Args:
+        space: the lattice to search.
+        seed: seeds the initial Latin hypercube and the acquisition sampling.
+        xi: Expected Improvement's exploration margin, in log-throughput units.
+        suggested: points to try first, in order (duplicates are tried once).
+        min_gain, min_trials: the stop rule's threshold and earliest trial (see :meth:`should_stop`).
+    """
+
+    def __init__(self, space: SearchSpace, *, seed: int = 0, xi: float = XI,
+                 suggested: Sequence[Point] = (), min_gain: float = MIN_GAIN, min_trials: int = MIN_TRIALS) -> None:
+        if not (xi >= 0 and math.isfinite(xi)):
+            raise ValueError(f"xi={xi!r} must be a finite number >= 0")
+        self.space = space
+        self.min_gain = min_gain
+        self.min_trials = min_trials
+        dims = [Integer(0, space.partition.size - 1, name="partition"),
+                Integer(0, space.credit.size - 1, name="credit")]
+        # One fit of the kernel's hyper-parameters per trial (no restarts of the fit from random
+        # starting points): that keeps a decision near a tenth of a second, and it is the
+        # setting the study (`bytesched bench tuning`) measured.
+        model = cook_estimator("GP", space=dims, random_state=seed, n_restarts_optimizer=0)
+        self._optimizer = Optimizer(dims, base_estimator=model, acq_func="EI", acq_optimizer="sampling",
+                                    acq_func_kwargs={"xi": xi},
+                                    acq_optimizer_kwargs={"n_points": ACQUISITION_SAMPLES},
+                                    n_initial_points=MIN_INITIAL, initial_point_generator="lhs",
+                                    random_state=seed)
+        self._queue: list[tuple[Point, str]] = []
+        self.measured: list[tuple[Point, float]] = []
+        self.gains: list[float] = []
+        """:meth:`expected_gain` after each trial."""
+        for point in suggested:
+            self.suggest(point, "suggested")
+
+    # -- the loop -----------------------------------------------------------------------------
+    def suggest(self, point: Point, source: str) -> None:
+        """Try ``point`` before anything the optimiser proposes (``source`` names why, for the log)."""
+        point = self._check(point)
+        if all(point != p for p, _ in self._queue) and all(point != p for p, _ in self.measured):
+            self._queue.append((point, source))
+
+    def ask(self) -> tuple[Point, str]:
+        """The next point to measure and where it came from (a suggestion, ``initial`` for the
+        Latin hypercube, or ``bo``)."""
+        while self._queue:
+            point, source = self._queue.pop(0)
+            if all(point != p for p, _ in self.measured):
+                return point, source
+        source = "bo" if self._optimizer.models else "initial"
+        with warnings.catch_warnings(), threadpool_limits(limits=1):
+            # On a lattice the optimiser may propose a point it has measured; it then substitutes
+            # a random one and warns. That is a useful trial all the same: no warning.
+            warnings.simplefilter("ignore", UserWarning)
+            x = self._optimizer.ask()
+        return (int(x[0]), int(x[1])), source
+
+    def tell(self, point: Point, throughput: float) -> None:
+        """``point`` ran at ``throughput`` samples/s (any positive unit, used consistently)."""
+        point = self._check(point)
+        if not (throughput > 0 and math.isfinite(throughput)):
+            raise ValueError(f"throughput {throughput!r} at {self.space.describe(point)} must be positive and finite")
+        self.measured.append((point, throughput))
+        with threadpool_limits(limits=1):
+            self._optimizer.tell(list(point), -math.log(throughput))
+        self.gains.append(self.expected_gain())
+
+    # -- what was learnt ----------------------------------------------------------------------
+    @property
+    def trials(self) -> int:
+        return len(self.measured)
+
+    def best(self) -> tuple[Point, float]:
+        """The measured point believed fastest and its measured throughput.
+
+        With a fitted model: the measured point of highest posterior mean (a single lucky
+        measurement does not win); before that, the highest measurement.
+        """
+        if not self.measured:
+            raise ValueError("nothing was measured yet")
+        model = self._model()
+        if model is None:
+            return max(self.measured, key=lambda m: m[1])
+        points = [p for p, _ in self.measured]
+        with threadpool_limits(limits=1):
+            mean = model.predict(self._optimizer.space.transform([list(p) for p in points]))
+        best = int(np.argmin(mean))
+        return self.measured[best]
+
+    def expected_gain(self) -> float:
+        """The largest Expected Improvement (with ``xi=0``) over the untried lattice points, in
+        log-throughput units (0.01 is about 1% faster than the best); ``inf`` before a model."""
+        model = self._model()
+        if model is None:
+            return math.inf
+        tried = {p for p, _ in self.measured}
+        untried = [list(p) for p in self.space.points() if p not in tried]
+        if not untried:
+            return 0.0
+        transform = self._optimizer.space.transform
+        with threadpool_limits(limits=1):
+            best_mean = float(np.min(model.predict(transform([list(p) for p in tried]))))
+            return float(np.max(gaussian_ei(transform(untried), model, y_opt=best_mean, xi=0.0)))
+
+    def should_stop(self) -> bool:
+        """Little is left to gain: at least ``min_trials`` were measured, and after each of the
+        last :data:`STOP_PATIENCE` trials every untried point's expected improvement was below
+        ``min_gain``."""
+        recent = self.gains[-STOP_PATIENCE:]
+        return self.trials >= self.min_trials and all(g < self.min_gain for g in recent)
+
+    def _model(self):  # type: ignore[no-untyped-def]
+        models = self._optimizer.models
+        return models[-1] if models else None
+
+    def _check(self, point: Point) -> Point:
+        i, j = int(point[0]), int(point[1])
+        rows, cols = self.space.shape
+        if not (0 <= i < rows and 0 <= j < cols) or (i, j) != tuple(point):
+            raise ValueError(f"{point!r} is not a point of the {self.space.arch} lattice ({rows}x{cols})")
+        return i, j

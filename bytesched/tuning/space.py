@@ -1,0 +1,113 @@
+"""Where the tuner looks: partition and credit sizes on a log-scaled lattice fitted to the architecture.
+
+Training speed as a function of the partition size δ and the credit c is neither smooth nor
+unimodal (paper §4.1: a rounding term per partition plus a decreasing pipelining term), and the
+good values span orders of magnitude, so each knob is searched on a log scale. Each axis is a
+lattice of sizes ``low * 2**(i/2)``: two points per octave, six octaves. A step of a factor
+sqrt(2) is about what a window of a few dozen training steps can tell apart, so a finer grid
+would only spend trials on differences hidden by measurement noise, and a lattice lets every
+rank, every log row and the study name a point exactly.
+
+The bounds bracket the paper's optima (Table 1, 32 GPUs at 100 Gbps): parameter server around
+(3-6 MB, 17-29 MB), all-reduce around (56-88 MB, 64-171 MB). All-reduce needs much larger
+pieces because every collective pays a synchronisation cost across all ranks (paper §6.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..core.config import ConfigError, SchedulingParams, format_size
+
+Point = tuple[int, int]
+"""A lattice point: (partition index, credit index)."""
+
+STEPS_PER_OCTAVE = 2
+OCTAVES = 6
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One knob's lattice: ``low * 2**(i / STEPS_PER_OCTAVE)`` bytes for i in 0..size-1."""
+
+    name: str
+    low: int
+
+    @property
+    def size(self) -> int:
+        return OCTAVES * STEPS_PER_OCTAVE + 1
+
+    def value(self, index: int) -> int:
+        """Bytes at ``index``."""
+        if not 0 <= index < self.size:
+            raise ValueError(f"{self.name} index {index} is outside the lattice 0..{self.size - 1}")
+        return int(round(self.low * 2 ** (index / STEPS_PER_OCTAVE)))
+
+    def nearest(self, nbytes: float) -> int:
+        """The index whose size is closest to ``nbytes`` on a log scale (clipped to the bounds)."""
+        if nbytes == math.inf:
+            return self.size - 1
+        if not nbytes > 0:
+            raise ValueError(f"{self.name} size {nbytes!r} must be positive")
+        index = round(STEPS_PER_OCTAVE * math.log2(nbytes / self.low))
+        return min(max(index, 0), self.size - 1)
+
+    @property
+    def high(self) -> int:
+        return self.value(self.size - 1)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The (partition, credit) lattice of one architecture."""
+
+    arch: str
+    partition: Axis
+    credit: Axis
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.partition.size, self.credit.size
+
+    def params(self, point: Point) -> SchedulingParams:
+        """The scheduling parameters at a lattice point."""
+        return SchedulingParams(partition_bytes=self.partition.value(point[0]),
+                                credit_bytes=self.credit.value(point[1]))
+
+    def nearest(self, params: SchedulingParams, default_partition: float) -> Point:
+        """The lattice point closest to ``params`` (``partition_bytes=None`` means
+        ``default_partition``, the policy's own default)."""
+        partition = default_partition if params.partition_bytes is None else params.partition_bytes
+        return self.partition.nearest(partition), self.credit.nearest(params.credit_bytes)
+
+    def points(self, stride: int = 1) -> Iterator[Point]:
+        """Every ``stride``-th lattice point in each dimension, row by row (partition major).
+
+        ``stride=2`` is the grid of factor-2 steps the study's grid search walks.
+        """
+        for i in range(0, self.partition.size, stride):
+            for j in range(0, self.credit.size, stride):
+                yield i, j
+
+    def describe(self, point: Point) -> str:
+        """``partition 4MB, credit 16MB`` for logs."""
+        params = self.params(point)
+        return f"partition {format_size(params.partition_bytes)}, credit {format_size(params.credit_bytes)}"
+
+
+SPACES: dict[str, SearchSpace] = {
+    # 0.5 MB .. 32 MB and 2 MB .. 128 MB: the paper's PS optima (3-6, 17-29) sit in the middle.
+    "ps": SearchSpace("ps", Axis("partition", 500_000), Axis("credit", 2_000_000)),
+    # 8 MB .. 512 MB and 16 MB .. 1 GB: the paper's all-reduce optima (56-88, 64-171) likewise.
+    "allreduce": SearchSpace("allreduce", Axis("partition", 8_000_000), Axis("credit", 16_000_000)),
+}
+
+
+def space_for(arch: str) -> SearchSpace:
+    """The search space of ``arch`` (``ps`` or ``allreduce``)."""
+    try:
+        return SPACES[arch]
+    except KeyError:
+        raise ConfigError(f"tuning: architecture {arch!r} is unknown: expected one of {', '.join(SPACES)}") from None
