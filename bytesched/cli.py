@@ -12,6 +12,11 @@ import importlib
 import sys
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "bytesched.bench.cli",
+    "bytesched.sim.simulate_command",
+    "bytesched.sim.profile_command",
+    "bytesched.doctor",
+    "bytesched.launch.cli",
 )
 
 
@@ -22,8 +27,29 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+        try:
+            importlib.import_module(name).register(subparsers)
+        except ImportError as error:  # a broken stack must not take `bytesched doctor` down with it
+            _register_broken(subparsers, name, error)
     return parser
+
+
+def _register_broken(subparsers: argparse._SubParsersAction, module: str, error: ImportError) -> None:
+    """Register a subcommand whose module cannot be imported: running it explains why."""
+    command = module.rsplit(".", 1)[-1].removesuffix("_command")
+    if command == "cli":
+        command = module.split(".")[-2]
+    if command in subparsers.choices:  # it registered itself before a nested import failed
+        del subparsers.choices[command]
+    parser = subparsers.add_parser(command, help=f"(unavailable: {error})", add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def explain(args: argparse.Namespace) -> int:
+        print(f"bytesched {command}: cannot load {module}: {error}. "
+              "Run `bytesched doctor` to see what is missing.", file=sys.stderr)
+        return 2
+
+    parser.set_defaults(func=explain)
 
 
 def _version() -> str:
