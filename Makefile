@@ -1,5 +1,6 @@
 # make setup: create .venv with the whole stack (first run builds Horovod: several minutes)
-# make demo:  set up, then train a small CNN on 2 Horovod ranks and report throughput
+# make demo:  set up, then train on 2 Horovod ranks without and with bytesched over an emulated
+#             3 Gbit/s network (scripts/demo.py) and report img/sec and the speedup
 # make test:  set up, then run the test suite
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,9 +11,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo \
-	  $(PY) examples/pytorch_synthetic_benchmark.py --model cnn --batch-size 32 \
-	  --num-warmup 5 --num-batches-per-iter 10 --num-iters 5
+	$(PY) scripts/demo.py
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15

@@ -1,0 +1,97 @@
+"""The gradient all-reduce backends the PyTorch plugin runs on, and how one is chosen.
+
+A backend knows three things the plugin does not: how to lay a gradient out for the wire, how to
+start one partition's all-reduce without blocking (and report its completion to the Core), and how
+to turn the reduced wire buffer back into the gradient (averaging, decompression).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from bytesched.core import SubTask
+
+if TYPE_CHECKING:
+    from .task import GradientTask
+
+
+class Backend(ABC):
+    """What the plugin needs from an all-reduce library.
+
+    Attributes:
+        name: for messages ("horovod", "torch.distributed").
+        rank, size: this process's rank and the number of ranks taking part.
+        order: the Core's cross-rank order mode this backend needs: ``"immediate"`` when the
+            library negotiates the order of collectives itself (Horovod), ``"rank0"`` when every
+            rank must issue collectives in the same order (torch.distributed).
+        passes_per_step: backward passes per step if the wrapped optimizer says (Horovod's
+            ``backward_passes_per_step``), else None.
+    """
+
+    name: str
+    rank: int
+    size: int
+    order: str
+    passes_per_step: int | None = None
+
+    @abstractmethod
+    def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The flat, contiguous buffer to all-reduce in place, and the context ``finalize`` needs."""
+
+    @abstractmethod
+    def start(self, task: "GradientTask", sub: SubTask) -> None:
+        """Start ``sub``'s all-reduce; arrange ``task.notify_finish(sub)`` (or ``task.fail(sub,
+        error)``) on completion. Runs on the Core thread: must not wait for the communication."""
+
+    @abstractmethod
+    def finalize(self, task: "GradientTask") -> None:
+        """All partitions are reduced: leave the averaged gradient in ``task.grad``."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Block until every rank got here (used between two Cores' rank-0 channels)."""
+
+    def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
+        """The unbound ``step`` that updates parameters without communicating."""
+        return type(optimizer).step
+
+    def check_idle(self) -> None:
+        """Fail if the library started communication of its own behind bytesched's back."""
+
+    def close(self) -> None:
+        """Release what the backend started (threads); called once the plugin is idle."""
+
+
+def flat_wire(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` as a 1-D view when its memory is contiguous (no copy), else a contiguous copy."""
+    return grad.view(-1) if grad.is_contiguous() else grad.contiguous().view(-1)
+
+
+def copy_back(task: "GradientTask", reduced: torch.Tensor) -> None:
+    """Write ``reduced`` into the gradient unless it already is the gradient's memory."""
+    grad = task.grad
+    if reduced.data_ptr() != grad.data_ptr():
+        grad.copy_(reduced.view(grad.shape))
+
+
+def make_backend(optimizer: torch.optim.Optimizer, process_group: Any = None) -> Backend:
+    """Horovod when ``optimizer`` is a ``hvd.DistributedOptimizer``, else torch.distributed when a
+    process group is initialised; a clear error otherwise."""
+    from . import horovod
+    if horovod.is_distributed_optimizer(optimizer):
+        if process_group is not None:
+            raise ValueError("process_group= is for the torch.distributed backend; Horovod's "
+                             "DistributedOptimizer brings its own process_set")
+        return horovod.HorovodBackend(optimizer)
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        from .distributed import DistributedBackend
+        return DistributedBackend(process_group)
+    raise RuntimeError(
+        f"ScheduledOptimizer needs an all-reduce backend for {type(optimizer).__name__}: either wrap it "
+        "in hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()) first "
+        "(Horovod), or call torch.distributed.init_process_group() before creating it "
+        "(torch.distributed)")

@@ -1,0 +1,57 @@
+"""The torch.distributed backend: each partition is an asynchronous ``dist.all_reduce``.
+
+c10d matches collectives by the order in which each rank issues them, so every rank must issue
+the same sequence: followers start partitions exactly in the order rank 0's Core released them,
+announced over the rank-0 channel (the Core's ``rank0`` order mode). Completion comes from the
+collective's future (``Work.get_future().then``), a real callback, so nothing waits or polls.
+Gradients are summed and then divided by the number of ranks, i.e. averaged as DDP does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from bytesched.core import SubTask
+
+from .backend import Backend, copy_back, flat_wire
+
+if TYPE_CHECKING:
+    from .task import GradientTask
+
+
+class DistributedBackend(Backend):
+    """All-reduce over a torch.distributed process group (the default group unless given)."""
+
+    name = "torch.distributed"
+    order = "rank0"
+
+    def __init__(self, group: Any = None) -> None:
+        self._group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self._group)
+
+    def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return flat_wire(grad), None
+
+    def start(self, task: "GradientTask", sub: SubTask) -> None:
+        work = dist.all_reduce(sub.payload, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
+
+        def done(future: torch.futures.Future) -> None:
+            try:
+                future.value()  # raises the collective's error, if any
+            except BaseException as error:
+                task.fail(sub, error)
+            else:
+                task.notify_finish(sub)
+
+        work.get_future().then(done)
+
+    def finalize(self, task: "GradientTask") -> None:
+        task.wire.div_(self.size)
+        copy_back(task, task.wire)

@@ -1,0 +1,190 @@
+"""The Horovod backend: each partition is a ``hvd.allreduce_async_`` with a deterministic name.
+
+Horovod runs a collective once every rank has submitted it, so the order in which rank 0's Core
+releases partitions becomes the global order while the other ranks submit as soon as a gradient is
+ready (the Core's ``immediate`` order mode): no control channel is needed.
+
+The user's ``hvd.DistributedOptimizer`` supplies the settings (op, compression, gradient
+pre/post-divide, process set); its own gradient hooks are switched off, because bytesched starts
+the all-reduces itself.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from bytesched.core import SubTask
+
+from .backend import Backend, copy_back, flat_wire
+
+if TYPE_CHECKING:
+    from .task import GradientTask
+
+
+def _horovod_classes() -> tuple[type, type] | None:
+    """Horovod's two optimizer templates, if Horovod's PyTorch binding was imported at all."""
+    module = sys.modules.get("horovod.torch.optimizer")
+    if module is None:
+        return None
+    return module._DistributedOptimizer, module._DistributedAdasumOptimizer
+
+
+def _built_from(optimizer: torch.optim.Optimizer, template: type) -> bool:
+    # hvd.DistributedOptimizer builds a new class from the template's __dict__, so the template's
+    # functions are the very objects found in the new class.
+    return type(optimizer).__dict__.get("_make_hook") is template.__dict__["_make_hook"]
+
+
+def is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """``optimizer`` came from ``hvd.DistributedOptimizer`` (Adasum is rejected with a reason)."""
+    classes = _horovod_classes()
+    if classes is None:
+        return False
+    allreduce, adasum = classes
+    if _built_from(optimizer, adasum):
+        raise ValueError("hvd.DistributedOptimizer(op=hvd.Adasum) reduces parameter deltas inside "
+                         "step(), not gradients, so there is no gradient communication to schedule; "
+                         "use op=hvd.Average or hvd.Sum with ScheduledOptimizer")
+    return _built_from(optimizer, allreduce)
+
+
+class HandlePoller:
+    """Reports finished Horovod handles to callbacks, in whatever order they finish.
+
+    Horovod's PyTorch binding has no completion callback, and ``hvd.synchronize()`` waits by
+    spinning (a ``sched_yield`` loop that keeps a core busy). So one thread checks every in-flight
+    handle with ``hvd.poll()`` and sleeps between rounds: the sleep starts at ``min_interval`` after
+    a completion and doubles up to ``max_interval`` while none comes, and the thread blocks on a
+    condition when nothing is in flight. A completion is reported at most ``max_interval`` late and
+    never waits behind an earlier-started handle.
+    """
+
+    def __init__(self, poll: Callable[[int], bool], release: Callable[[int], Any],
+                 min_interval: float = 0.0001, max_interval: float = 0.002) -> None:
+        self._poll = poll
+        self._release = release
+        self._min = min_interval
+        self._max = max_interval
+        self._pending: dict[int, Callable[[BaseException | None], None]] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="bytesched-hvd-poller", daemon=True)
+        self._thread.start()
+
+    def watch(self, handle: int, on_done: Callable[[BaseException | None], None]) -> None:
+        """Call ``on_done(None)`` when ``handle`` finished, or ``on_done(error)`` if it failed."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the Horovod handle poller was closed")
+            self._pending[handle] = on_done
+            if len(self._pending) == 1:
+                self._cond.notify()
+
+    def close(self) -> None:
+        """Stop the thread once nothing is in flight (in-flight handles are still reported)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10.0)
+
+    def _run(self) -> None:
+        interval = self._min
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                    interval = self._min
+                if not self._pending:
+                    return
+                in_flight = list(self._pending.items())
+            finished = [(h, cb) for h, cb in in_flight if self._poll(h)]
+            for handle, on_done in finished:
+                with self._cond:
+                    del self._pending[handle]
+                try:
+                    self._release(handle)  # returns at once for a finished handle; raises its error
+                except BaseException as error:  # HorovodInternalError: report it to the task
+                    on_done(error)
+                else:
+                    on_done(None)
+            interval = self._min if finished else min(2 * interval, self._max)
+            time.sleep(interval)  # new handles need no wake-up: they cannot have finished yet
+
+
+class HorovodBackend(Backend):
+    """All-reduce with Horovod, honouring the wrapped ``hvd.DistributedOptimizer``'s settings."""
+
+    name = "horovod"
+    order = "immediate"
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        import horovod.torch as hvd
+        if getattr(optimizer, "_groups", None) is not None:
+            raise ValueError("hvd.DistributedOptimizer(groups=...) fuses tensors by hand, while "
+                             "bytesched partitions and orders them: drop groups= to use ScheduledOptimizer")
+        self._hvd = hvd
+        self._optimizer = optimizer
+        self._process_set = optimizer.process_set
+        self.rank = self._process_set.rank()
+        self.size = self._process_set.size()
+        self.passes_per_step = optimizer.backward_passes_per_step
+        self._op = optimizer.op
+        self._compression = optimizer._compression
+        if self._op == hvd.Average:  # as Horovod splits averaging around the sum
+            self._prescale = 1.0 / optimizer.gradient_predivide_factor
+            self._postscale = optimizer.gradient_predivide_factor
+        else:
+            self._prescale = self._postscale = 1.0
+        self._silence_horovod_hooks()
+        self._poller = HandlePoller(hvd.poll, hvd.synchronize)
+
+    def _silence_horovod_hooks(self) -> None:
+        # Horovod registered its hooks on the parameters' gradient accumulators and keeps the only
+        # references to those autograd nodes in _grad_accs. Dropping them frees the nodes with the
+        # hooks; the next forward pass creates fresh accumulators, so only bytesched's hooks fire.
+        # check_idle() verifies that no Horovod hook fired.
+        self._optimizer._grad_accs.clear()
+
+    def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
+        # hvd.DistributedOptimizer's class derives from the user's optimizer class; that class's
+        # step updates without Horovod's synchronize().
+        return type(optimizer).__mro__[1].step
+
+    def check_idle(self) -> None:
+        """Fail if Horovod's own gradient hooks started an all-reduce (they must stay silent)."""
+        if self._optimizer._handles:
+            raise RuntimeError("hvd.DistributedOptimizer's own gradient hooks are still active (an "
+                               "autograd graph built before ScheduledOptimizer was created is still "
+                               "alive?): create ScheduledOptimizer right after hvd.DistributedOptimizer, "
+                               "before the first forward pass")
+
+    def barrier(self) -> None:
+        self._hvd.barrier(process_set=self._process_set)
+
+    def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return self._compression.compress(flat_wire(grad))
+
+    def start(self, task: "GradientTask", sub: SubTask) -> None:
+        handle = self._hvd.allreduce_async_(
+            sub.payload, name=f"bytesched.{task.name}.{sub.index}", op=self._op,
+            prescale_factor=self._prescale, postscale_factor=self._postscale,
+            process_set=self._process_set)
+
+        def done(error: BaseException | None) -> None:
+            if error is None:
+                task.notify_finish(sub)
+            else:
+                task.fail(sub, error)
+
+        self._poller.watch(handle, done)
+
+    def finalize(self, task: "GradientTask") -> None:
+        copy_back(task, self._compression.decompress(task.wire, task.context))
+
+    def close(self) -> None:
+        self._poller.close()

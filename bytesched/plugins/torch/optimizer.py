@@ -1,0 +1,309 @@
+"""ScheduledOptimizer: the two-line way to schedule a PyTorch job's gradient communication.
+
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    optimizer = ScheduledOptimizer(model, optimizer)
+
+Each gradient becomes a CommTask the moment backward finishes accumulating it; the Core
+partitions it and releases the partitions by priority under the credit window. ``step()`` returns
+at once (crossing the barrier): each parameter is updated by the user's own optimizer as soon as
+its all-reduce completes, and a forward proxy holds a module's forward until the parameters it
+reads are updated. The object keeps the ``torch.optim`` API, so LR schedulers, checkpoints and
+``zero_grad`` work as before; ``cross_barrier=False`` keeps the scheduling but waits in ``step()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from bytesched.core import Config, Core, from_env
+from bytesched.core.config import configure_logging
+
+from .backend import Backend, make_backend
+from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
+from .proxies import ForwardProxies
+from .runtime import on_channel_failure, start_core
+from .trace import ForwardTrace
+from .updates import SingleParameterStep, hyperparameters
+
+log = logging.getLogger("bytesched")
+
+_live: "weakref.WeakSet[ScheduledOptimizer]" = weakref.WeakSet()
+_atexit_registered = False
+
+
+class ScheduledOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer`` so that ``model``'s gradient all-reduces are scheduled by bytesched.
+
+    Args:
+        model: the module whose forward pass reads the parameters (proxies hook its modules).
+        optimizer: a ``hvd.DistributedOptimizer`` (Horovod backend; its op, compression,
+            gradient_predivide_factor, backward_passes_per_step and process_set are honoured), or
+            a plain ``torch.optim`` optimizer when torch.distributed is initialised (gradients are
+            averaged over the process group, as DDP does).
+        cross_barrier: True (default): ``step()`` returns at once and updates land per parameter.
+            False (barrier mode): communication is still ordered and partitioned, but backward()
+            returns only once it finished (as with DDP) and ``step()`` runs ``optimizer.step()``;
+            for closures (LBFGS), and for clipping or AMP without ``synchronize()``.
+        config: scheduling settings; default :func:`bytesched.core.from_env` (``BYTESCHED_*``).
+        process_group: torch.distributed group to reduce over (default: the whole world).
+        backward_passes_per_step: torch.distributed only: backward passes accumulated per step
+            (Horovod's comes from its DistributedOptimizer).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, cross_barrier: bool = True,
+                 config: Config | None = None, process_group: Any = None,
+                 backward_passes_per_step: int | None = None) -> None:
+        _check_arguments(model, optimizer, cross_barrier)
+        backend = make_backend(optimizer, process_group)
+        passes = _passes_per_step(backend, backward_passes_per_step)
+        config = from_env() if config is None else config
+        configure_logging(config)
+        slots = _make_slots(model, optimizer)
+        self._inner = optimizer
+        self._backend = backend
+        self._cross_barrier = cross_barrier
+        self._plain_step = backend.step_function(optimizer)
+        self._core = start_core(config, backend)
+        self._pipeline = UpdatePipeline(slots, backend, self._core,
+                                        SingleParameterStep(optimizer, self._plain_step), passes)
+        self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots))
+        self._hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
+                       for slot in slots]
+        for module in model.modules():
+            self._hooks.append(module.register_state_dict_pre_hook(self._flush_before_state_dict))
+            self._hooks.append(module.register_load_state_dict_pre_hook(self._flush_before_load))
+        self._stop_listening = on_channel_failure(self._pipeline.fail)
+        self._closed = False
+        self._waiting_for_backward = False
+        # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
+        # whose groups and state already exist (unpickling); ours are the wrapped optimizer's.
+        torch.optim.Optimizer.__setstate__(self, {})
+        _track(self)
+
+    # -- the torch.optim API ------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The wrapped optimizer's groups (an LR scheduler changes them there)."""
+        return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self._inner.param_groups = groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's per-parameter state."""
+        return self._inner.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self._inner.state = state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's defaults."""
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: dict[str, Any]) -> None:
+        self._inner.defaults = defaults
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Crossing the barrier: release this iteration's updates and return at once (no closure).
+        Barrier mode: wait for every all-reduce, then run the wrapped optimizer's step."""
+        self._check_open()
+        self._proxies.settle()
+        self._backend.check_idle()
+        if not self._cross_barrier:
+            return self._step_at_barrier(closure)
+        if closure is not None:
+            raise BarrierCrossingError("step(closure) re-evaluates the model inside step(), so step() "
+                                       "cannot return before the gradients are reduced; " + BARRIER_MODE)
+        self._pipeline.release(hyperparameters(self._inner))
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients; one whose update is still pending is cleared right after the update."""
+        self._check_open()
+        self._pipeline.zero_grad(set_to_none)
+
+    def synchronize(self) -> None:
+        """Wait until communication and updates have landed.
+
+        After a backward pass and before ``step()`` (Horovod's rule for gradient clipping and AMP
+        unscaling), this all-reduces every gradient and waits: the gradients may then be read and
+        modified, and ``step()`` applies them as they are. At any other time it waits until every
+        update released by ``step()`` has been applied, so parameters can be read directly.
+        """
+        self._check_open()
+        if self._pipeline.round_open:
+            self._pipeline.reduce_all()
+        self._pipeline.wait_applied()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Horovod's idiom ``synchronize(); clip; with skip_synchronize(): step()`` keeps working:
+        step() never re-synchronizes, so this context has nothing to switch off."""
+        yield
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict, once every pending update has been applied (the
+        same format as without bytesched, so checkpoints are interchangeable)."""
+        self._pipeline.wait_applied()
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the wrapped optimizer, once every pending update has been applied."""
+        self._pipeline.wait_applied()
+        self._inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Not supported after wrapping: the new parameters would have no proxies."""
+        raise NotImplementedError("add parameter groups to the optimizer before wrapping it in "
+                                  "ScheduledOptimizer (and hvd.DistributedOptimizer)")
+
+    # -- bytesched's own --------------------------------------------------------------------
+    @property
+    def core(self) -> Core:
+        """The bytesched Core scheduling this optimizer's communication."""
+        return self._core
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Let pending communication and updates land (up to ``timeout`` s), then remove the hooks
+        and stop the threads. Runs at interpreter exit for optimizers still open."""
+        if self._closed:
+            return
+        if not self._pipeline.wait_idle(timeout):
+            log.error("bytesched: updates still pending after %.0f s at close(); a peer may have "
+                      "stopped (parameters may miss their last update)", timeout)
+        self._closed = True
+        self._stop_listening()
+        for hook in self._hooks:
+            hook.remove()
+        self._proxies.remove()
+        self._pipeline.close()
+        self._backend.close()
+        _live.discard(self)
+
+    # -- internals ----------------------------------------------------------------------------
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """AMP's ``GradScaler.step()`` asks this before it unscales the gradients in place (an
+        operation that leaves no other trace: it does not bump their version counters), so this
+        is where AMP is refused while its gradients are still being all-reduced. False: the
+        scaler then unscales and steps as usual."""
+        pipeline = self._pipeline
+        if self._cross_barrier and pipeline.round_open and not pipeline.round_synchronized:
+            raise BarrierCrossingError("AMP's GradScaler unscales gradients between backward() and step(), "
+                                       "while bytesched is still all-reducing them; " + ESCAPE_HATCH)
+        return False
+
+    def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
+        def ready(param: torch.Tensor) -> None:
+            self._proxies.settle()  # before the first task: it needs its priority
+            self._pipeline.gradient_ready(slot)
+            if not self._cross_barrier and not self._waiting_for_backward:
+                self._waiting_for_backward = True
+                # Runs when this backward pass ends, like DDP's wait for its buckets (DDP and FSDP
+                # use the same engine call).
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        return ready
+
+    def _end_of_backward(self) -> None:
+        """Barrier mode: backward() returns with this iteration's gradients reduced, so code
+        between backward and step (clipping, AMP unscaling) sees final gradients."""
+        self._waiting_for_backward = False
+        if self._pipeline.round_started:
+            self._pipeline.reduce_all()
+
+    def _step_at_barrier(self, closure: Callable[[], Any] | None) -> Any:
+        self._waiting_for_backward = False  # in case a backward pass raised before its callback ran
+        if closure is None:
+            self._pipeline.reduce_all()
+            self._pipeline.discard_round()
+            return self._plain_step(self._inner)
+
+        def reduced_closure() -> Any:
+            loss = closure()
+            self._pipeline.reduce_all()
+            self._pipeline.discard_round()
+            return loss
+
+        return self._plain_step(self._inner, reduced_closure)
+
+    def _flush_before_state_dict(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        self._pipeline.wait_applied()
+
+    def _flush_before_load(self, module: nn.Module, *args: Any) -> None:
+        self._pipeline.wait_applied()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this ScheduledOptimizer was closed")
+
+
+def _check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer, cross_barrier: bool) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"ScheduledOptimizer(model, optimizer): model must be a torch.nn.Module, "
+                        f"got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"ScheduledOptimizer(model, optimizer): optimizer must be a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+    if isinstance(optimizer, ScheduledOptimizer):
+        raise TypeError("the optimizer is already a ScheduledOptimizer")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise TypeError("the model is wrapped in DistributedDataParallel, which all-reduces gradients "
+                        "itself; pass the plain model to ScheduledOptimizer instead of DDP")
+    if cross_barrier and isinstance(optimizer, torch.optim.LBFGS):
+        raise BarrierCrossingError("LBFGS evaluates a closure inside step(), so its step cannot cross "
+                                   "the barrier; " + BARRIER_MODE)
+
+
+def _passes_per_step(backend: Backend, given: int | None) -> int:
+    own = backend.passes_per_step
+    if own is not None and given is not None:
+        raise ValueError(f"backward_passes_per_step comes from the {backend.name} optimizer; do not pass it "
+                         f"to ScheduledOptimizer too")
+    passes = own if own is not None else (1 if given is None else given)
+    if passes < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+    return passes
+
+
+def _make_slots(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[ParamSlot]:
+    """One slot per trainable parameter of the optimizer, named as in the model."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    slots: list[ParamSlot] = []
+    for index, group in enumerate(optimizer.param_groups):
+        for param in group["params"]:
+            if not param.requires_grad:
+                continue
+            if id(param) not in names:
+                raise ValueError(f"a parameter of shape {tuple(param.shape)} in param_groups[{index}] is "
+                                 f"not a parameter of the model given to ScheduledOptimizer")
+            slots.append(ParamSlot(names[id(param)], param, index, priority=len(slots)))
+    if not slots:
+        raise ValueError("the optimizer has no trainable parameters (requires_grad=True)")
+    return slots
+
+
+def _track(optimizer: ScheduledOptimizer) -> None:
+    """Close live optimizers at interpreter exit, before Horovod and the Core shut down: this is
+    registered after hvd.init() (atexit runs in reverse order), when the first one is created."""
+    global _atexit_registered
+    _live.add(optimizer)
+    if not _atexit_registered:
+        atexit.register(_close_all)
+        _atexit_registered = True
+
+
+def _close_all() -> None:
+    for optimizer in list(_live):
+        optimizer.close(timeout=30.0)

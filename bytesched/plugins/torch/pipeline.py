@@ -1,0 +1,362 @@
+"""Each parameter's way from gradient to update: the state behind crossing the barrier.
+
+A parameter's gradient of one iteration goes through four events:
+
+1. *ready*: backward finished accumulating it (the ready proxy fires): a :class:`GradientTask`
+   is enqueued to the Core, which partitions, orders and starts its all-reduce;
+2. *reduced*: every partition finished and the backend finalised the gradient (on the update
+   thread, so the Core thread never does tensor work);
+3. *released*: the user called ``step()``: the group's hyperparameters are snapshotted, and the
+   parameter becomes *stale* (its ``fresh`` event is cleared) until
+4. *applied*: the update thread ran the user's optimizer on this one parameter.
+
+Reduced and released may come in either order; the second one queues the update. Forward proxies
+wait for ``fresh`` before a module reads the parameter. A gradient modified in place while
+bytesched owns it (e.g. clipped between backward and step) is caught by its version counter and
+fails with :class:`BarrierCrossingError`, which names the ways out.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from bytesched.core import Core
+
+from .backend import Backend
+from .task import GradientTask
+from .updates import SingleParameterStep
+
+log = logging.getLogger("bytesched")
+
+BARRIER_MODE = ("create the optimizer with ScheduledOptimizer(model, optimizer, cross_barrier=False) "
+                "(barrier mode: communication is still ordered and partitioned, but backward() and step() "
+                "wait for it)")
+ESCAPE_HATCH = ("call optimizer.synchronize() after backward() and before reading or modifying gradients "
+                "(that iteration then waits for its communication, as Horovod requires), or " + BARRIER_MODE)
+
+
+class BarrierCrossingError(RuntimeError):
+    """The training loop does something that cannot cross the step() barrier (see the message)."""
+
+
+class ParamSlot:
+    """One trainable parameter, as the pipeline tracks it across iterations.
+
+    Attributes:
+        name: the parameter's name in the model (identical on every rank; names the CommTask).
+        param: the parameter.
+        group: index of its group in the optimizer's ``param_groups``.
+        priority: rank of its first read in the forward pass (lower is more urgent).
+        fresh: set while no update of this parameter is pending; forward proxies wait on it.
+        passes: backward passes accumulated into its gradient since the last step().
+        task: its current GradientTask, from ready until applied (or discarded).
+        zero_request: a ``zero_grad`` that arrived while an update was pending ("none" or "zero").
+    """
+
+    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "task", "zero_request")
+
+    def __init__(self, name: str, param: nn.Parameter, group: int, priority: int) -> None:
+        self.name = name
+        self.param = param
+        self.group = group
+        self.priority = priority
+        self.fresh = threading.Event()
+        self.fresh.set()
+        self.passes = 0
+        self.task: GradientTask | None = None
+        self.zero_request: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ParamSlot({self.name!r}, priority={self.priority})"
+
+
+def clear_grad(param: torch.Tensor, set_to_none: bool) -> None:
+    """What ``Optimizer.zero_grad`` does to one parameter."""
+    if param.grad is None:
+        return
+    if set_to_none:
+        param.grad = None
+    else:
+        if param.grad.grad_fn is not None:
+            param.grad.detach_()
+        else:
+            param.grad.requires_grad_(False)
+        param.grad.zero_()
+
+
+class UpdatePipeline:
+    """Moves gradients from ready to applied; one update thread does all tensor work.
+
+    Thread use: the ready proxy (autograd), the Core thread (``on_finish``), completion callbacks
+    (failures), the update thread and the training thread all come here; every state change is
+    made under one lock, and waits sleep on events or a condition.
+    """
+
+    def __init__(self, slots: list[ParamSlot], backend: Backend, core: Core,
+                 apply_update: SingleParameterStep, backward_passes_per_step: int) -> None:
+        self.slots = slots
+        self._backend = backend
+        self._core = core
+        self._apply_update = apply_update
+        self._passes_per_step = backward_passes_per_step
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._round: list[GradientTask] = []  # tasks created since the last step()
+        self._round_open = False  # a backward pass happened since the last step()
+        self._unreduced = 0
+        self._unapplied = 0
+        self._failure: BaseException | None = None
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run_jobs, name="bytesched-updates", daemon=True)
+        self._thread.start()
+
+    # -- events from the framework --------------------------------------------------------------
+    def gradient_ready(self, slot: ParamSlot) -> None:
+        """The ready proxy: backward finished accumulating ``slot``'s gradient."""
+        with self._lock:
+            self._raise_failure()
+            self._round_open = True
+            slot.passes += 1
+            if slot.passes < self._passes_per_step:
+                return
+            if slot.task is not None:
+                raise BarrierCrossingError(
+                    f"the gradient of {slot.name!r} was computed again before its previous all-reduce "
+                    f"and update finished: call step() after every {self._passes_per_step} backward "
+                    f"pass(es) (backward_passes_per_step of hvd.DistributedOptimizer), and read "
+                    f"{slot.name!r} only inside the model's forward pass, or " + ESCAPE_HATCH)
+            task = self._new_task(slot)
+        self._core.enqueue(task, ready=True)
+
+    def release(self, hparams: list[dict[str, Any]]) -> None:
+        """``step()`` when crossing the barrier: every gradient of this iteration may be applied
+        with these hyperparameters as soon as it is reduced. Returns without waiting for that."""
+        tasks = self._complete_round()
+        with self._lock:  # together with _finalize's check, exactly one of them applies a task
+            for task in tasks:
+                task.hparams = hparams[task.slot.group]
+                task.slot.fresh.clear()
+                self._unapplied += 1
+                if task.reduced:
+                    self._jobs.put(lambda task=task: self._apply(task))
+
+    def reduce_all(self) -> list[GradientTask]:
+        """All-reduce every gradient of this iteration (missing ones as zeros, like Horovod) and
+        wait until they are reduced; returns them, marked as safe for the user to modify."""
+        tasks = self._complete_round(keep_open=True)
+        with self._changed:
+            while not all(t.reduced for t in tasks) and self._failure is None:
+                self._changed.wait()
+            self._raise_failure()
+            for task in tasks:
+                task.synchronized = True
+        return tasks
+
+    def discard_round(self) -> None:
+        """Forget this iteration's gradients without applying them (barrier mode applied them
+        itself; or the user skipped step(), e.g. GradScaler found an overflow)."""
+        with self._lock:
+            if not all(t.reduced for t in self._round):
+                raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
+                                   "optimizer.step() or optimizer.synchronize(), while gradients are "
+                                   "being all-reduced; this is prohibited (as with Horovod)")
+            for task in self._round:
+                task.slot.task = None
+            self._reset_round()
+
+    @property
+    def round_open(self) -> bool:
+        """A backward pass accumulated gradients since the last ``step()``."""
+        return self._round_open
+
+    @property
+    def round_started(self) -> bool:
+        """This iteration's all-reduces have begun (the last accumulation pass ran)."""
+        return bool(self._round)
+
+    @property
+    def round_synchronized(self) -> bool:
+        """This iteration's gradients were reduced and handed to the user (:meth:`reduce_all`)."""
+        round_ = self._round
+        return bool(round_) and all(t.synchronized for t in round_)
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """``optimizer.zero_grad()``: a gradient whose update is pending is cleared after it."""
+        self.raise_failure()
+        if self._round_open:
+            self.discard_round()
+        with self._lock:
+            for slot in self.slots:
+                if slot.task is not None:
+                    slot.zero_request = "none" if set_to_none else "zero"
+                else:
+                    clear_grad(slot.param, set_to_none)
+
+    # -- waiting ------------------------------------------------------------------------------
+    def wait_fresh(self, slots: Iterable[ParamSlot]) -> None:
+        """The forward proxy: return once every slot's pending update has been applied."""
+        for slot in slots:
+            if not slot.fresh.is_set():
+                slot.fresh.wait()
+        if self._failure is not None:
+            with self._lock:
+                self._raise_failure()
+
+    def wait_applied(self, timeout: float | None = None) -> bool:
+        """Wait until every released update has been applied (False on timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while self._unapplied and self._failure is None:
+                remaining = math.inf if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(None if deadline is None else remaining)
+            self._raise_failure()
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no communication is in flight and, unless something failed, no update is
+        pending (False on timeout). Communication drains even after a failure: peers take part."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._unreduced or (self._unapplied and self._failure is None):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Stop the update thread (after :meth:`wait_idle`)."""
+        self._jobs.put(None)
+        self._thread.join(timeout=10.0)
+
+    # -- failures -----------------------------------------------------------------------------
+    def fail(self, error: BaseException) -> None:
+        """Something failed off the training thread: remember the first error and wake waiters."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+                log.error("bytesched: %s", error)
+            for slot in self.slots:
+                slot.fresh.set()
+            self._changed.notify_all()
+
+    def raise_failure(self) -> None:
+        """Raise the stored failure, if any, on the calling (training) thread."""
+        with self._lock:
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        failure = self._failure
+        if failure is None:
+            return
+        if isinstance(failure, BarrierCrossingError):
+            raise failure
+        raise RuntimeError(f"bytesched: gradient communication or update failed: {failure}") from failure
+
+    # -- internals ----------------------------------------------------------------------------
+    def _new_task(self, slot: ParamSlot) -> GradientTask:
+        """Create ``slot``'s task for this iteration (lock held)."""
+        param = slot.param
+        if param.grad is None:  # not used on this rank; peers may need it (as Horovod does)
+            param.grad = torch.zeros_like(param)
+        if param.grad.is_sparse:
+            raise BarrierCrossingError(f"{slot.name!r} has a sparse gradient, which bytesched cannot "
+                                       "partition: use a dense layer (e.g. nn.Embedding(sparse=False))")
+        task = GradientTask(slot, param.grad, self._backend, self._communicated, self.fail)
+        slot.task = task
+        self._round.append(task)
+        self._unreduced += 1
+        return task
+
+    def _complete_round(self, keep_open: bool = False) -> list[GradientTask]:
+        """Give every parameter without a task this iteration one (zeros if it has no gradient)
+        and return the round's tasks; the round ends unless ``keep_open``."""
+        with self._lock:
+            self._raise_failure()
+            in_round = {id(t.slot) for t in self._round}
+            earlier = [s for s in self.slots if s.task is not None and id(s) not in in_round]
+        # A parameter left out of this round may still be applying last round's update (it was
+        # not read by the forward pass): its task name must not be reused while in flight.
+        self.wait_fresh(earlier)
+        with self._lock:
+            created = [self._new_task(s) for s in self.slots if s.task is None]
+            tasks = list(self._round)
+            if not keep_open:
+                self._reset_round()
+        for task in created:
+            self._core.enqueue(task, ready=True)
+        return tasks
+
+    def _reset_round(self) -> None:
+        self._round = []
+        self._round_open = False
+        for slot in self.slots:
+            slot.passes = 0
+
+    def _communicated(self, task: GradientTask) -> None:
+        """Core thread: every partition of ``task`` finished; finalise it on the update thread."""
+        self._jobs.put(lambda: self._finalize(task))
+
+    def _finalize(self, task: GradientTask) -> None:
+        try:
+            if self._failure is None:
+                if task.grad._version != task.version:
+                    raise BarrierCrossingError(
+                        f"the gradient of {task.slot.name!r} was modified in place while bytesched was "
+                        f"all-reducing it (gradient clipping or AMP unscaling between backward() and "
+                        f"step()?); to clip or unscale, " + ESCAPE_HATCH)
+                self._backend.finalize(task)
+                task.version = task.grad._version
+        except BaseException as error:
+            self.fail(error)
+        with self._changed:
+            task.reduced = True
+            self._unreduced -= 1
+            self._changed.notify_all()
+            apply = task.hparams is not None and self._failure is None
+        if apply:
+            self._apply(task)
+
+    def _apply(self, task: GradientTask) -> None:
+        slot = task.slot
+        if self._failure is not None:
+            return
+        if not task.synchronized and task.grad._version != task.version:
+            self.fail(BarrierCrossingError(
+                f"the gradient of {slot.name!r} was modified in place after it was reduced and before "
+                f"bytesched applied it (clipping or unscaling before step(), or zero_grad(set_to_none="
+                f"False) on the model after step()? use optimizer.zero_grad(), which waits for "
+                f"pending updates); to modify gradients, " + ESCAPE_HATCH))
+            return
+        assert task.hparams is not None
+        try:
+            self._apply_update(slot.param, task.grad, task.hparams)
+        except BaseException as error:
+            self.fail(error)
+            return
+        with self._changed:
+            if slot.zero_request is not None:
+                clear_grad(slot.param, slot.zero_request == "none")
+                slot.zero_request = None
+            slot.task = None
+            self._unapplied -= 1
+            slot.fresh.set()
+            self._changed.notify_all()
+
+    def _run_jobs(self) -> None:
+        with torch.no_grad():
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                job()

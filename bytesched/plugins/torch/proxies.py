@@ -1,0 +1,89 @@
+"""Forward proxies: module hooks that hold the forward pass until the parameters it is about to
+read have been updated (the paper's layer-wise out-of-engine dependencies, §3.4).
+
+Until the first forward pass has been traced, a module waits for the parameters it owns before its
+forward runs. After it (:meth:`ForwardProxies.settle`), each parameter is waited for at the hook
+point just before its first read, and gets its priority from the order of first reads; a
+parameter the trace never saw read keeps the owner rule. Modules with nothing to wait for then lose
+their hooks, so they cost nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .pipeline import ParamSlot, UpdatePipeline
+from .trace import ForwardTrace
+
+
+class ForwardProxies:
+    """Forward pre-hooks and forward hooks on every module of ``model``."""
+
+    def __init__(self, model: nn.Module, slots: list[ParamSlot], pipeline: UpdatePipeline,
+                 trace: ForwardTrace) -> None:
+        self._slots = slots
+        self._pipeline = pipeline
+        self._trace = trace
+        self._owners: dict[int, list[nn.Module]] = defaultdict(list)
+        for module in model.modules():
+            for param in module.parameters(recurse=False):
+                self._owners[id(param)].append(module)
+        self._before: dict[nn.Module, list[ParamSlot]] = defaultdict(list)
+        self._after: dict[nn.Module, list[ParamSlot]] = defaultdict(list)
+        for slot in slots:
+            for owner in self._owners[id(slot.param)]:
+                self._before[owner].append(slot)
+        self._handles: dict[nn.Module, list[RemovableHandle]] = {
+            module: [module.register_forward_pre_hook(self._pre, prepend=True),
+                     module.register_forward_hook(self._post, prepend=True, always_call=True)]
+            for module in model.modules()}
+        self._settled = False
+
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        self._trace.module_enter(module)
+        slots = self._before.get(module)
+        if slots:
+            self._pipeline.wait_fresh(slots)
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        slots = self._after.get(module)
+        if slots:
+            self._pipeline.wait_fresh(slots)
+        self._trace.module_exit(module)
+
+    def settle(self) -> None:
+        """Once the first forward pass was traced, apply it: priorities and wait points. Call
+        outside any forward pass (it removes hooks); does nothing before the trace or after."""
+        if self._settled or self._trace.state != "done":
+            return
+        first_read = self._trace.first_read
+        observed = sorted((s for s in self._slots if id(s.param) in first_read),
+                          key=lambda s: first_read[id(s.param)][0])
+        unobserved = [s for s in self._slots if id(s.param) not in first_read]
+        before: dict[nn.Module, list[ParamSlot]] = defaultdict(list)
+        after: dict[nn.Module, list[ParamSlot]] = defaultdict(list)
+        for priority, slot in enumerate(observed + unobserved):
+            slot.priority = priority
+        for slot in observed:
+            module, where = first_read[id(slot.param)][1]
+            (before if where == "pre" else after)[module].append(slot)
+        for slot in unobserved:
+            for owner in self._owners[id(slot.param)]:
+                before[owner].append(slot)
+        self._before, self._after = before, after
+        for module, handles in self._handles.items():
+            if module not in before and module not in after:
+                for handle in handles:
+                    handle.remove()
+        self._settled = True
+
+    def remove(self) -> None:
+        """Remove every hook (the optimizer was closed)."""
+        for handles in self._handles.values():
+            for handle in handles:
+                handle.remove()
+        self._handles.clear()

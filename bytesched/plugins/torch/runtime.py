@@ -1,0 +1,106 @@
+"""This process's Core, its timeline (``BYTESCHED_TIMELINE``) and, when followers obey rank 0's
+order, its rank-0 channel.
+
+One Core serves every ScheduledOptimizer of the process (a GAN's two optimizers share it). The
+plugin picks the Core's order mode from the backend (``immediate`` for Horovod, ``rank0`` for
+torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise, and opens the rank-0 channel the
+``rank0`` mode needs. The channel belongs to the Core it was opened for: when a later optimizer
+needs a Core with another configuration (after :func:`bytesched.core.shutdown`), the old channel
+is closed and, after a barrier so that no rank connects to the old one, a new one is opened.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import weakref
+from typing import Callable
+
+from bytesched.core import Config, Core, get_core, init
+from bytesched.core import shutdown as shutdown_core
+from bytesched.core.channel import ChannelError, ChannelFollower, ChannelLeader, open_channel
+from bytesched.core.timeline import open_timeline
+
+from .backend import Backend
+
+log = logging.getLogger("bytesched")
+
+_channel: ChannelLeader | ChannelFollower | None = None
+_channel_core: "weakref.ref[Core] | None" = None
+_generation = 0  # bumped when a channel is opened or closed; failures of older ones are moot
+_failure_listeners: list[Callable[[BaseException], None]] = []
+_atexit_registered = False
+
+
+def start_core(config: Config, backend: Backend) -> Core:
+    """The running Core if it fits ``config`` and the order mode, else a new one."""
+    order = backend.order if config.order == "auto" else config.order
+    try:
+        running: Core | None = get_core()
+    except RuntimeError:
+        running = None
+    if running is not None and running.running:
+        if running.config != config or running.order != order:
+            raise RuntimeError(f"a bytesched Core is already running with another configuration or order "
+                               f"mode ({running.order}); call bytesched.core.shutdown() first")
+        return running
+    channel = None
+    if order == "rank0" and backend.size > 1:
+        if _close_channel():
+            backend.barrier()  # every rank closed its old channel before rank 0 listens again
+        channel = _open(config, backend)
+    core = init(config, rank=backend.rank, order=order, channel=channel,
+                timeline=open_timeline(config, rank=backend.rank, world_size=backend.size))
+    if channel is not None:
+        global _channel_core
+        _channel_core = weakref.ref(core)
+    return core
+
+
+def on_channel_failure(listener: Callable[[BaseException], None]) -> Callable[[], None]:
+    """Call ``listener(error)`` if the rank-0 channel loses a peer; returns the way to stop."""
+    _failure_listeners.append(listener)
+    return lambda: _failure_listeners.remove(listener) if listener in _failure_listeners else None
+
+
+def _open(config: Config, backend: Backend) -> ChannelLeader | ChannelFollower:
+    global _channel, _atexit_registered, _generation
+    _generation += 1
+    generation = _generation
+    _channel = open_channel(config, backend.rank, backend.size,
+                            on_failure=lambda error: _channel_failed(error, generation))
+    if not _atexit_registered:
+        # Registered after hvd.init() / init_process_group() and before the optimizers' own
+        # close-at-exit, so at exit: optimizers flush, then the Core stops, then the channel.
+        atexit.register(_shutdown)
+        _atexit_registered = True
+    return _channel
+
+
+def _channel_failed(error: ChannelError, generation: int) -> None:
+    core = _channel_core() if _channel_core is not None else None
+    if generation != _generation or core is None or not core.running:
+        return  # the channel of a Core that was shut down (peers leave at their own pace)
+    log.error("bytesched: the rank-0 channel failed: %s", error)
+    for listener in list(_failure_listeners):
+        listener(error)
+
+
+def _close_channel() -> bool:
+    """Close the channel of a Core that is no longer running; True if there was one."""
+    global _channel, _channel_core
+    if _channel is None:
+        return False
+    core = _channel_core() if _channel_core is not None else None
+    if core is not None and core.running:
+        raise RuntimeError("the rank-0 channel still serves a running Core")
+    global _generation
+    _generation += 1
+    _channel.close()
+    _channel = _channel_core = None
+    return True
+
+
+def _shutdown() -> None:
+    shutdown_core(5.0)
+    _close_channel()

@@ -1,0 +1,83 @@
+"""Watching the first forward pass: where, and in which order, it reads each parameter.
+
+Two things are learnt once, from the first forward pass through the model:
+
+- the *priority* of each parameter's gradient: the order in which the forward pass first reads the
+  parameter (the first layer's gradient is needed first in the next iteration, though backward
+  produces it last), not the order in which the parameters were registered;
+- the *hook point* before which each parameter must be up to date in later iterations: the last
+  module boundary (a module's forward pre-hook, or its forward hook on return) passed before the
+  parameter's first read. A weight tied to a later layer, a parameter owned by a container and
+  used between its children, or one used functionally in a parent's ``forward`` all get the
+  boundary right before that read, not merely their owner's.
+
+Reads are observed with a ``TorchFunctionMode`` (every torch function sees its tensor arguments)
+that is active only during that first forward pass, from the first call into any of the model's
+modules until that call returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+HookPoint = tuple[nn.Module, str]
+"""A module boundary: ``(module, "pre")`` before its forward runs, ``(module, "post")`` after."""
+
+
+def _tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
+    """The tensors among ``values``, looking inside lists, tuples and dicts, in argument order."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors(value)
+        elif isinstance(value, dict):
+            yield from _tensors(value.values())
+
+
+class ForwardTrace(TorchFunctionMode):
+    """Records, for each watched parameter, its first read: (order, last hook point before it).
+
+    Driven by the forward proxies: :meth:`module_enter` from every module's forward pre-hook and
+    :meth:`module_exit` from every module's forward hook. ``state`` goes ``armed`` -> ``tracing``
+    (first module entered: the mode is pushed) -> ``done`` (that module returned: popped).
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        super().__init__()
+        self._watched = {id(p) for p in params}
+        self.first_read: dict[int, tuple[int, HookPoint]] = {}
+        self.state = "armed"
+        self._last: HookPoint | None = None
+        self._outermost: nn.Module | None = None
+
+    def module_enter(self, module: nn.Module) -> None:
+        """A module's forward is about to run."""
+        if self.state == "armed":
+            self.state = "tracing"
+            self._outermost = module
+            self.__enter__()
+        if self.state == "tracing":
+            self._last = (module, "pre")
+
+    def module_exit(self, module: nn.Module) -> None:
+        """A module's forward returned (or raised)."""
+        if self.state != "tracing":
+            return
+        self._last = (module, "post")
+        if module is self._outermost:
+            self.__exit__(None, None, None)
+            self.state = "done"
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        for tensor in _tensors((args, kwargs)):
+            key = id(tensor)
+            if key in self._watched and key not in self.first_read:
+                assert self._last is not None  # the trace starts at a module boundary
+                self.first_read[key] = (len(self.first_read), self._last)
+        return func(*args, **kwargs)

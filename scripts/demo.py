@@ -1,0 +1,131 @@
+"""The demo: the same training run on this machine without and with bytesched, and the speedup.
+
+Runs examples/pytorch_synthetic_benchmark.py under ``horovodrun --gloo`` three times: plain
+``hvd.DistributedOptimizer``; ``ScheduledOptimizer`` in barrier mode (scheduled communication,
+but backward waits for it: what scheduling gains without crossing the barrier); and
+``ScheduledOptimizer`` crossing the barrier (the default). It prints the img/sec of each and the
+speedups over the first.
+On an unshaped loopback communication is almost free, so when it can (as root, with ``ip`` and
+``tc``) the demo runs both inside a network namespace whose loopback is limited to
+``--bandwidth`` (bytesched.emulation), and deletes the namespace afterwards, also on failure or
+Ctrl-C. Otherwise it runs unshaped and says why.
+
+    .venv/bin/python scripts/demo.py [--bandwidth 3gbit] [--no-shaping]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from bytesched.emulation import (Namespace, ShapingUnavailable, format_rate, parse_rate, shaped_loopback,
+                                 unavailable_reason)
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARK = REPO / "examples" / "pytorch_synthetic_benchmark.py"
+TOTAL_RE = re.compile(r"Total img/sec on (\d+) CPU rank\(s\): ([0-9.]+) \+-([0-9.]+)")
+RANK0_PREFIX = re.compile(r"^\[0\]<stdout>:")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--bandwidth", default="3gbit",
+                        help="emulated network bandwidth, shared by all ranks and both directions")
+    parser.add_argument("--no-shaping", action="store_true", help="run on the unshaped loopback")
+    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (processes) on this machine")
+    parser.add_argument("--model", default="vgg", help="model of the synthetic benchmark")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--num-warmup", type=int, default=4)
+    parser.add_argument("--num-batches-per-iter", type=int, default=5)
+    parser.add_argument("--num-iters", type=int, default=8)
+    args = parser.parse_args(argv)
+    try:
+        args.rate = parse_rate(args.bandwidth)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+@contextlib.contextmanager
+def network(args: argparse.Namespace) -> Iterator[Namespace | None]:
+    """The shaped namespace, or None (unshaped) with the reason printed."""
+    reason = "--no-shaping was given" if args.no_shaping else unavailable_reason()
+    with contextlib.ExitStack() as stack:
+        ns = None
+        if reason is None:
+            try:
+                ns = stack.enter_context(shaped_loopback(args.rate))
+            except ShapingUnavailable as error:
+                reason = str(error)
+        if ns is not None:
+            print(f"Network: loopback shaped to {format_rate(args.rate)} (tc tbf) in namespace {ns.name}, "
+                  f"shared by all {args.ranks} ranks and both directions", flush=True)
+        else:
+            print(f"Network: UNSHAPED loopback ({reason}); communication is almost free here, so expect "
+                  f"little difference", flush=True)
+        yield ns
+
+
+RUNS = {  # label -> the benchmark's flags
+    "baseline (hvd.DistributedOptimizer)": ["--no-bytesched"],
+    "bytesched, barrier mode": ["--bytesched", "--no-cross-barrier"],
+    "bytesched, crossing the barrier": ["--bytesched", "--cross-barrier"],
+}
+
+
+def benchmark(ns: Namespace | None, args: argparse.Namespace, flags: list[str]) -> tuple[float, float]:
+    """Run the benchmark once; (total img/sec, +- 1.96 std). Rank 0's lines are echoed."""
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    argv = [*(ns.exec_prefix() if ns else []), str(horovodrun), "-np", str(args.ranks),
+            "-H", f"localhost:{args.ranks}", "--gloo", sys.executable, str(BENCHMARK),
+            "--model", args.model, "--batch-size", str(args.batch_size), "--num-warmup", str(args.num_warmup),
+            "--num-batches-per-iter", str(args.num_batches_per_iter), "--num-iters", str(args.num_iters), *flags]
+    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    lines = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if RANK0_PREFIX.match(line):
+                print("    " + RANK0_PREFIX.sub("", line), end="", flush=True)
+        process.wait()
+    finally:
+        if process.poll() is None:  # interrupted: stop the whole job before the namespace goes
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    match = TOTAL_RE.search("".join(lines))
+    if process.returncode != 0 or match is None:
+        sys.stderr.write("".join(lines[-40:]))
+        raise SystemExit(f"the run with {' '.join(flags)} failed (exit {process.returncode})")
+    return float(match.group(2)), float(match.group(3))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(f"Demo: {args.model}, batch {args.batch_size} per rank, {args.ranks} Horovod ranks on this machine "
+          f"({os.cpu_count()} cores)", flush=True)
+    results = {}
+    with network(args) as ns:
+        for label, flags in RUNS.items():
+            print(f"\n== {label}", flush=True)
+            results[label] = benchmark(ns, args, flags)
+    network_text = f"{format_rate(args.rate)} shaped loopback" if ns else "unshaped loopback"
+    print(f"\n== Result ({network_text}; total img/sec of {args.ranks} ranks, mean +- 1.96 std over "
+          f"{args.num_iters} timed iterations; speedup over the baseline)")
+    base = results[next(iter(RUNS))][0]
+    for label, (rate, conf) in results.items():
+        print(f"  {label:<36} {rate:8.1f} +-{conf:<6.1f} {rate / base:5.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Run under ``torchrun``: ScheduledOptimizer over torch.distributed (Gloo) trains exactly like a
+hand-written all-reduce of every gradient after backward.
+
+Followers obey rank 0's order over the rank-0 channel (c10d matches collectives by issue order).
+Two ranks, so sums are exact and results must be bit-identical: every optimizer x every policy
+with partitions that split tensors (and every policy with its default partition for SGD); tied
+weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
+eval; then 50 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per check (see torch_harness.Reporter).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bytesched.core.config import POLICIES
+from torch_deadlock import no_deadlock
+from torch_harness import SPLIT, Reporter
+from torch_suites import (DistributedFlavor, checkpoint, evaluation, loop_habits, matrix, run_baseline,
+                          run_scheduled, tied_weights)
+
+
+def main() -> None:
+    flavor = DistributedFlavor()
+    torch.set_num_threads(1)
+    report = Reporter(flavor.rank)
+    matrix(report, flavor, ["sgd", "adam", "adamw", "rmsprop"], POLICIES, 0.0)
+    tied_weights(report, flavor, ("sgd", "adam"), 0.0)
+    name = "dist/backward_passes_per_step=2"
+    report.run(name, lambda: report.same(
+        name, run_baseline(flavor, "cnn", "sgd", passes=2),
+        run_scheduled(flavor, "cnn", "sgd", SPLIT, options=dict(backward_passes_per_step=2), passes=2)))
+    loop_habits(report, flavor)
+    checkpoint(report, flavor)
+    report.run("eval/after_step", lambda: evaluation(report, flavor))
+    no_deadlock(report, flavor, 50)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The PyTorch plugin's pieces in one process: per-parameter updates with the user's optimizer,
+the first-forward trace, the Horovod handle poller, and argument errors."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bytesched.plugins.torch import ScheduledOptimizer
+from bytesched.plugins.torch.horovod import HandlePoller
+from bytesched.plugins.torch.trace import ForwardTrace
+from bytesched.plugins.torch.updates import SingleParameterStep, hyperparameters
+
+# Every per-parameter optimizer of torch.optim, with settings that exercise its state.
+PER_PARAMETER: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "SGD nesterov+wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "SGD dampening": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, dampening=0.2),
+    "Adam amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=1e-3),
+    "AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05),
+    "RMSprop centered": lambda p: torch.optim.RMSprop(p, lr=1e-2, momentum=0.9, centered=True),
+    "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=1e-3),
+    "Adadelta": lambda p: torch.optim.Adadelta(p, lr=1.0),
+    "Adamax": lambda p: torch.optim.Adamax(p, lr=1e-2),
+    "NAdam": lambda p: torch.optim.NAdam(p, lr=1e-2),
+    "RAdam": lambda p: torch.optim.RAdam(p, lr=1e-2),
+    "ASGD": lambda p: torch.optim.ASGD(p, lr=1e-2),
+    "Rprop": lambda p: torch.optim.Rprop(p, lr=1e-2),
+}
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def set_gradients(model: nn.Module, step: int) -> None:
+    gen = torch.Generator().manual_seed(step)
+    for param in model.parameters():
+        param.grad = torch.randn(param.shape, generator=gen)
+
+
+@pytest.mark.parametrize("name", sorted(PER_PARAMETER))
+def test_per_parameter_updates_equal_one_full_step(name: str) -> None:
+    """Updating parameters one at a time, in a scrambled order, with hyperparameters snapshotted
+    before an LR change, gives exactly the parameters and state of ordinary step() calls."""
+    reference, scheduled = small_model(), small_model()
+    ref_opt = PER_PARAMETER[name](reference.parameters())
+    opt = PER_PARAMETER[name](scheduled.parameters())
+    update = SingleParameterStep(opt, type(opt).step)
+    for step in range(4):
+        set_gradients(reference, step)
+        ref_opt.step()
+        set_gradients(scheduled, step)
+        hparams = hyperparameters(opt)
+        for group in opt.param_groups:
+            group["lr"] *= 0.5  # an LR scheduler stepping right after step(): must not leak in
+        params = list(scheduled.parameters())
+        with torch.no_grad():
+            for index in (2, 0, 3, 1):
+                update(params[index], params[index].grad, hparams[0])
+        for group in opt.param_groups:
+            group["lr"] *= 2.0
+    for a, b in zip(reference.parameters(), scheduled.parameters()):
+        assert torch.equal(a, b), name
+    ref_state, state = ref_opt.state_dict(), opt.state_dict()
+    assert ref_state["param_groups"] == state["param_groups"]
+    for index, values in ref_state["state"].items():
+        for key, value in values.items():
+            other = state["state"][index][key]
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(other)), (name, index, key)
+
+
+def test_stand_in_gradient_survives_model_zero_grad() -> None:
+    """The update reads the gradient it was given, even if param.grad was cleared meanwhile."""
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    param = next(model.parameters())
+    before = param.detach().clone()
+    reduced = torch.ones_like(param)
+    param.grad = None
+    with torch.no_grad():
+        SingleParameterStep(opt, type(opt).step)(param, reduced, hyperparameters(opt)[0])
+    assert torch.equal(param.detach(), before - 1.0)
+    assert param.grad is None
+
+
+class Tied(nn.Module):
+    """Registers its layers in another order than its forward pass reads them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6))
+        self.embed = nn.Linear(4, 6, bias=False)
+        self.body[2].weight = self.body[0].weight
+        self.scale = nn.Parameter(torch.ones(6))
+        self.unused = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.embed(x)) * self.scale
+        return F.linear(h, self.embed.weight.t())
+
+
+def traced(model: nn.Module, *inputs: torch.Tensor) -> ForwardTrace:
+    """Run one forward pass with the trace driven by module hooks, as the forward proxies do."""
+    trace = ForwardTrace(model.parameters())
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a: trace.module_enter(m), prepend=True))
+        handles.append(module.register_forward_hook(lambda m, a, o: trace.module_exit(m), prepend=True,
+                                                    always_call=True))
+    model(*inputs)
+    for handle in handles:
+        handle.remove()
+    return trace
+
+
+def test_trace_orders_by_first_read_and_finds_the_hook_point_before_it() -> None:
+    model = Tied()
+    trace = traced(model, torch.randn(2, 4))
+    assert trace.state == "done"
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert list(names.values()) == ["scale", "unused", "body.0.weight", "body.0.bias", "body.2.bias",
+                                    "embed.weight"]  # registration order
+    order = sorted(trace.first_read, key=lambda key: trace.first_read[key][0])
+    assert [names[key] for key in order] == ["embed.weight", "body.0.weight", "body.0.bias", "body.2.bias", "scale"]
+    point = {names[key]: (where, module) for key, (_, (module, where)) in trace.first_read.items()}
+    assert point["embed.weight"] == ("pre", model.embed)
+    assert point["body.0.weight"] == ("pre", model.body[0])  # tied: read first by body.0
+    assert point["scale"] == ("post", model.body)  # owned by the container, read after body returns
+    assert id(model.unused) not in trace.first_read
+
+
+def test_trace_closes_when_the_forward_raises() -> None:
+    class Failing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.fc(x)
+            raise ValueError("boom")
+
+    model = Failing()
+    with pytest.raises(ValueError):
+        traced(model, torch.randn(1, 2))
+    torch.randn(1)  # the mode was popped: torch functions run normally
+    assert torch.overrides._get_current_function_mode_stack() == []
+
+
+class Handles:
+    """Finished-flags for fake handles, flipped by the test (the poller's two callables)."""
+
+    def __init__(self) -> None:
+        self.done: set[int] = set()
+        self.released: list[int] = []
+
+    def poll(self, handle: int) -> bool:
+        return handle in self.done
+
+    def release(self, handle: int) -> None:
+        self.released.append(handle)
+
+
+def test_poller_reports_completions_in_completion_order_and_sleeps_meanwhile() -> None:
+    handles = Handles()
+    poller = HandlePoller(handles.poll, handles.release)
+    reported: list[int] = []
+    arrived = threading.Event()
+    try:
+        for handle in (1, 2, 3):
+            poller.watch(handle, lambda error, h=handle: (reported.append(h), arrived.set()))
+        cpu_before = time.process_time()
+        time.sleep(0.5)  # three handles in flight, none finished: the poller must not spin
+        cpu_used = time.process_time() - cpu_before
+        assert cpu_used < 0.1, f"the poller used {cpu_used:.2f} s of CPU in 0.5 s while waiting"
+        handles.done.add(3)
+        assert arrived.wait(1.0)
+        arrived.clear()
+        handles.done.update({1, 2})
+        deadline = time.monotonic() + 1.0
+        while len(reported) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reported[0] == 3 and sorted(reported) == [1, 2, 3]
+        assert sorted(handles.released) == [1, 2, 3]
+    finally:
+        poller.close()
+
+
+def test_poller_reports_a_failed_handle_as_an_error() -> None:
+    handles = Handles()
+
+    def release(handle: int) -> None:
+        raise RuntimeError(f"handle {handle} failed")
+
+    poller = HandlePoller(handles.poll, release)
+    errors: list[BaseException | None] = []
+    got = threading.Event()
+    poller.watch(7, lambda error: (errors.append(error), got.set()))
+    handles.done.add(7)
+    assert got.wait(1.0)
+    poller.close()
+    assert isinstance(errors[0], RuntimeError) and "handle 7" in str(errors[0])
+
+
+def test_without_a_backend_the_error_names_both_ways() -> None:
+    model = small_model()
+    with pytest.raises(RuntimeError, match="hvd.DistributedOptimizer.*torch.distributed.init_process_group"):
+        ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_bad_arguments_name_the_culprit() -> None:
+    model = small_model()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        ScheduledOptimizer(copy.copy, torch.optim.SGD(model.parameters(), lr=0.1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        ScheduledOptimizer(model, object())  # type: ignore[arg-type]
