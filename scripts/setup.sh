@@ -106,7 +106,14 @@ fi
 echo "    $csrc_out"
 
 say "bytesched (editable)"
-"$VENV/bin/python" -c "import bytesched" >/dev/null 2>&1 || run_logged "pip install -e ." "$LOG_DIR/bytesched-install.log" \
-  "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
+# Installed means: the console script exists and, imported from outside the checkout (where the
+# current directory cannot stand in for the install), bytesched resolves to this checkout.
+if [ ! -x "$VENV/bin/bytesched" ] || ! (cd / && "$VENV/bin/python" -c \
+     "import sys, bytesched; sys.exit(not bytesched.__file__.startswith('$ROOT/'))" >/dev/null 2>&1); then
+  run_logged "pip install -e ." "$LOG_DIR/bytesched-install.log" \
+    "${PIP[@]}" install --no-deps --no-build-isolation -e "$ROOT"
+else
+  echo "    installed (editable) from $ROOT"
+fi
 
 say "done: activate with 'source $VENV/bin/activate'"
