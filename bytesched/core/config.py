@@ -151,14 +151,23 @@ def _choice(options: tuple[str, ...], *, upper: bool = False) -> Callable[[str, 
     return parse
 
 
-def _positive_float(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number: expected seconds, e.g. 60") from None
-    if not value > 0 or math.isinf(value):
-        raise ConfigError(f"{name}={text!r} must be a positive finite number of seconds")
-    return value
+def _finite_float(*, allow_zero: bool, example: str) -> Callable[[str, str], float]:
+    """A parser of finite numbers > 0 (or >= 0 with ``allow_zero``)."""
+    bound = ">= 0" if allow_zero else "> 0"
+
+    def parse(name: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} is not a number: expected e.g. {example}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"{name}={text!r} must be a finite number {bound}, e.g. {example}")
+        return value
+    return parse
+
+
+_positive_float = _finite_float(allow_zero=False, example="60 (seconds)")
+_non_negative_float = _finite_float(allow_zero=True, example="0.1")
 
 
 def _port(name: str, text: str) -> int:
@@ -180,16 +189,6 @@ def _count(minimum: int) -> Callable[[str, str], int]:
             raise ConfigError(f"{name}={text!r} is not valid: expected an integer >= {minimum}")
         return int(text)
     return parse
-
-
-def _non_negative_float(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number: expected e.g. 0.1") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise ConfigError(f"{name}={text!r} must be a finite number >= 0")
-    return value
 
 
 def _text(name: str, text: str) -> str:
