@@ -13,13 +13,14 @@ import importlib
 BENCHMARKS: tuple[str, ...] = (
     "bytesched.bench.core",
     "bytesched.tuning.study",
+    "bytesched.sim.benchmark",
 )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` and every benchmark in :data:`BENCHMARKS` under it."""
     parser = subparsers.add_parser("bench", help="run a benchmark (Core throughput, ...)",
-                                   description=__doc__.splitlines()[0])
+                                   description="Run one of the benchmarks; each has --help and --json.")
     benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     benchmarks.required = True
     for name in BENCHMARKS:
