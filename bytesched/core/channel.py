@@ -34,9 +34,12 @@ summary every :data:`REJECT_LOG_INTERVAL_S`. It never reaches a subscriber and n
 channel. Oversized messages do not even arrive: ZeroMQ's MAXMSGSIZE disconnects their sender.
 
 Liveness: both ends send a heartbeat every :data:`HEARTBEAT_S` (at most a quarter of the
-timeout); a peer silent for ``BYTESCHED_CHANNEL_TIMEOUT_S`` is lost: the channel fails,
-``on_failure(error)`` is called on the I/O thread and every later call raises that
-:class:`ChannelError` (the reliability layer builds on this hook). Closing says goodbye (BYE,
+timeout); a peer silent for ``BYTESCHED_FAULT_TIMEOUT_S`` or ``BYTESCHED_CHANNEL_TIMEOUT_S``,
+whichever is shorter, is lost: the channel fails with :class:`PeerLost` naming the rank,
+``on_failure(error)`` is called on the I/O thread and every later call raises that error. Only
+rank 0 hears every follower, so when it loses one it first sends LOST (``rank u32``, a UTF-8
+reason) to the others: every surviving rank learns which rank was lost, not just that rank 0
+went quiet (docs/reliability.md). Closing says goodbye (BYE,
 answered with BYE_ACK once everything sent before it has arrived) for at most ``timeout``
 seconds, then drops whatever is left (LINGER 0): :meth:`close` never hangs.
 """
@@ -101,15 +104,24 @@ class MessageType(enum.IntEnum):
     HEARTBEAT = 6
     BYE = 7
     BYE_ACK = 8
+    LOST = 9
 
 
 _FROM_LEADER = frozenset({MessageType.ORDER, MessageType.BROADCAST, MessageType.HEARTBEAT, MessageType.BYE,
-                          MessageType.BYE_ACK})  # once the follower was welcomed
+                          MessageType.BYE_ACK, MessageType.LOST})  # once the follower was welcomed
 _FROM_FOLLOWER = frozenset({MessageType.REPORT, MessageType.HEARTBEAT, MessageType.BYE, MessageType.BYE_ACK})
 
 
 class ChannelError(RuntimeError):
     """The rank-0 channel cannot do what was asked (peer missing or lost, bad set-up, misuse)."""
+
+
+class PeerLost(ChannelError):
+    """A rank of the job stopped answering: it died, hangs, or lost the network."""
+
+    def __init__(self, lost_rank: int, message: str) -> None:
+        super().__init__(message)
+        self.lost_rank = lost_rank
 
 
 class Rejected(ValueError):
@@ -332,7 +344,11 @@ class _Endpoint(ABC):
         host = config.channel_host
         self.address = f"tcp://[{host}]:{config.channel_port}" if ":" in host else f"tcp://{host}:{config.channel_port}"
         self.timeout = config.channel_timeout_s
-        self._heartbeat_s = min(HEARTBEAT_S, self.timeout / 4)
+        self.liveness_timeout = min(config.channel_timeout_s, config.fault_timeout_s or math.inf)
+        self._liveness_variable = ("BYTESCHED_FAULT_TIMEOUT_S" if self.liveness_timeout == config.fault_timeout_s
+                                   else "BYTESCHED_CHANNEL_TIMEOUT_S")
+        self._heartbeat_s = min(HEARTBEAT_S, self.liveness_timeout / 4)
+        self._final_linger_ms = 0  # how long closing the socket may still send (LOST needs a moment)
         self._on_failure = on_failure
         self.failure: ChannelError | None = None
         self._rejects = _RejectLog(f"rank {rank}'s channel")
@@ -422,6 +438,10 @@ class _Endpoint(ABC):
         poller.register(self._socket, zmq.POLLIN)
         wake_fd = self._wake_r.fileno()
         poller.register(wake_fd, zmq.POLLIN)
+        # A peer that dies closes its connection at once: check every peer then, rather than
+        # waiting out the timeout (rank 0's ROUTER_MANDATORY send names the one that is gone).
+        monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller.register(monitor, zmq.POLLIN)
         next_heartbeat = time.monotonic()
         try:
             while True:
@@ -433,6 +453,10 @@ class _Endpoint(ABC):
                     self._drain_wake()
                 if self._socket in ready:
                     self._receive_some()
+                if monitor in ready:
+                    while monitor.poll(0):
+                        monitor.recv_multipart()
+                    next_heartbeat = time.monotonic()
                 with self._lock:
                     outbox, self._outbox = self._outbox, []
                     self._woken = False
@@ -449,7 +473,9 @@ class _Endpoint(ABC):
             log.exception("rank %d's channel thread failed", self.rank)
             self._fail(ChannelError(f"rank {self.rank}'s channel thread failed: {exc!r}"))
         finally:
-            self._socket.close(linger=0)
+            self._socket.disable_monitor()
+            monitor.close(linger=0)
+            self._socket.close(linger=self._final_linger_ms)
             with self._lock:
                 self._io_done = True
                 self._wake_r.close()
@@ -495,8 +521,11 @@ class _Endpoint(ABC):
         try:
             self._socket.send_multipart([peer.route, frame] if peer.route else [frame], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            self._fail(ChannelError(f"rank {self.rank} cannot reach rank {peer.rank} over {self.address}: "
-                                    f"{exc.strerror} (it exited or lost its connection)"))
+            error = PeerLost(peer.rank, f"rank {self.rank} cannot reach rank {peer.rank} over {self.address}: "
+                                        f"{exc.strerror} (it exited or lost its connection)")
+            if self.failure is None:
+                self._tell_others(error)
+            self._fail(error)
 
     def _accept(self, peer: _Peer, seq: int, now: float) -> None:
         """Check that ``seq`` is the next message from ``peer``, which is alive."""
@@ -521,12 +550,16 @@ class _Endpoint(ABC):
 
     def _check_alive(self, peers: Iterable[_Peer], now: float) -> None:
         for peer in peers:
-            if peer.state != _PeerState.GONE and now - peer.last_seen > self.timeout:
-                self._fail(ChannelError(
-                    f"rank {peer.rank} has sent nothing to rank {self.rank} over {self.address} for "
-                    f"{now - peer.last_seen:.0f} s (BYTESCHED_CHANNEL_TIMEOUT_S={self.timeout:g}): "
-                    f"it died, hangs or lost the network"))
+            if peer.state != _PeerState.GONE and now - peer.last_seen > self.liveness_timeout:
+                error = PeerLost(peer.rank, f"rank {peer.rank} has sent nothing to rank {self.rank} over "
+                                            f"{self.address} for {now - peer.last_seen:.0f} s ({self._liveness_variable}="
+                                            f"{self.liveness_timeout:g}): it died, hangs or lost the network")
+                self._tell_others(error)
+                self._fail(error)
                 return
+
+    def _tell_others(self, error: PeerLost) -> None:
+        """Rank 0 tells the surviving followers which rank was lost (followers hear only rank 0)."""
 
     def _fail(self, error: ChannelError) -> None:
         with self._lock:
@@ -702,6 +735,13 @@ class ChannelLeader(_Endpoint):
     def _greeted(self) -> list[_Peer]:
         return [p for _, p in sorted(self._peers.items()) if p.state != _PeerState.GONE]
 
+    def _tell_others(self, error: PeerLost) -> None:
+        payload = _U32.pack(error.lost_rank) + str(error).encode()[:MAX_NAME_BYTES]
+        for peer in list(self._peers.values()):
+            if peer.rank != error.lost_rank and peer.state == _PeerState.JOINED:
+                self._send(peer, MessageType.LOST, payload)
+        self._final_linger_ms = 1000
+
 
 class ChannelFollower(_Endpoint):
     """A follower's end: says hello to rank 0, then delivers its announcements to subscribers,
@@ -805,6 +845,12 @@ class ChannelFollower(_Endpoint):
             self._deliver(*decode_typed(payload))
         elif mtype == MessageType.WELCOME:
             self._on_welcome(payload)
+        elif mtype == MessageType.LOST:
+            if len(payload) < _U32.size:
+                raise Rejected("malformed LOST")
+            (lost,) = _U32.unpack_from(payload)
+            reason = payload[_U32.size:].decode("utf-8", "replace")
+            self._fail(PeerLost(lost, f"rank {lost} was lost (rank 0 noticed: {reason})"))
         elif mtype in (MessageType.BYE, MessageType.BYE_ACK):
             self._on_goodbye(leader, mtype)
 
@@ -860,7 +906,7 @@ def open_channel(config: Config, rank: int, world_size: int, *,
 
 
 __all__ = [
-    "ChannelError", "ChannelLeader", "ChannelFollower", "FrameCodec", "MessageType", "Rejected",
+    "ChannelError", "ChannelLeader", "ChannelFollower", "FrameCodec", "MessageType", "PeerLost", "Rejected",
     "open_channel", "encode_order", "decode_order", "encode_typed", "decode_typed", "check_kind",
     "MAX_FRAME_BYTES", "MAX_ORDER_KEYS", "MAX_NAME_BYTES",
 ]

@@ -101,6 +101,9 @@ class Config:
     channel_timeout_s: float = 60.0
     job_token: str = ""
     stall_warning_s: float = 60.0
+    stall_timeout_s: float = 0.0
+    fault_timeout_s: float = 60.0
+    check_every: int = 0
     tuning: bool = False
     tuning_max_trials: int = 15
     tuning_steps_per_trial: int = 50
@@ -151,22 +154,26 @@ def _choice(options: tuple[str, ...], *, upper: bool = False) -> Callable[[str, 
     return parse
 
 
-def _finite_float(*, allow_zero: bool, example: str) -> Callable[[str, str], float]:
-    """A parser of finite numbers > 0 (or >= 0 with ``allow_zero``)."""
+def _finite_float(*, allow_zero: bool, example: str, maximum: float = math.inf) -> Callable[[str, str], float]:
+    """A parser of finite numbers > 0 (or >= 0 with ``allow_zero``) up to ``maximum``."""
     bound = ">= 0" if allow_zero else "> 0"
+    if maximum < math.inf:
+        bound += f" and <= {maximum:g}"
 
     def parse(name: str, text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise ConfigError(f"{name}={text!r} is not a number: expected e.g. {example}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > maximum:
             raise ConfigError(f"{name}={text!r} must be a finite number {bound}, e.g. {example}")
         return value
     return parse
 
 
-_positive_float = _finite_float(allow_zero=False, example="60 (seconds)")
+_WEEK_S = 7 * 24 * 3600.0  # a timeout longer than this is a unit mistake (ms for s), not a setting
+_positive_float = _finite_float(allow_zero=False, example="60 (seconds)", maximum=_WEEK_S)
+_seconds_or_off = _finite_float(allow_zero=True, example="60 (seconds; 0 switches it off)", maximum=_WEEK_S)
 _non_negative_float = _finite_float(allow_zero=True, example="0.1")
 
 
@@ -183,10 +190,11 @@ def _flag(name: str, text: str) -> bool:
     return value in ("1", "true", "on", "yes")
 
 
-def _count(minimum: int) -> Callable[[str, str], int]:
+def _count(minimum: int, maximum: int = 10**9) -> Callable[[str, str], int]:
+    """A parser of integers in ``minimum..maximum`` (larger counts are typos, not settings)."""
     def parse(name: str, text: str) -> int:
-        if not text.strip().isdecimal() or int(text) < minimum:
-            raise ConfigError(f"{name}={text!r} is not valid: expected an integer >= {minimum}")
+        if not text.strip().isdecimal() or not minimum <= int(text) <= maximum:
+            raise ConfigError(f"{name}={text!r} is not valid: expected an integer in {minimum}..{maximum}")
         return int(text)
     return parse
 
@@ -224,7 +232,20 @@ VARIABLES: tuple[Variable, ...] = (
              "are rejected. Unset: derived from the launcher's rendezvous (HOROVOD_GLOO_RENDEZVOUS_ADDR/"
              "PORT, DMLC_PS_ROOT_URI/PORT or MASTER_ADDR/PORT), which keeps jobs apart but is no secret."),
     Variable("BYTESCHED_STALL_WARNING_S", "stall_warning_s", _positive_float, "60",
-             "Warn when a started sub-task has not finished after this many seconds."),
+             "Warn when a started sub-task has not finished after this many seconds; the warning names "
+             "the tensor, its partition and (when the rank-0 channel is open) the ranks that have not "
+             "started it."),
+    Variable("BYTESCHED_STALL_TIMEOUT_S", "stall_timeout_s", _seconds_or_off, "0 (off)",
+             "Fail the job (every unfinished task raises, the process exits non-zero) when a started "
+             "sub-task has not finished after this many seconds; 0: only warn."),
+    Variable("BYTESCHED_FAULT_TIMEOUT_S", "fault_timeout_s", _seconds_or_off, "60",
+             "Multi-rank jobs: a rank silent on the rank-0 channel this long is lost; every other rank "
+             "logs which rank was lost and which tensor it was waiting for, then exits non-zero (at "
+             "most 10 s later, even if the backend hangs in a collective). Opens the channel's "
+             "heartbeats for every multi-rank job; 0 switches detection off."),
+    Variable("BYTESCHED_CHECK", "check_every", _count(0), "0 (off)",
+             "Every N steps, compare a checksum of every parameter across ranks and raise naming the "
+             "first parameter that differs and the ranks that disagree; 0: never."),
     Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
              "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
              "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),

@@ -1,0 +1,129 @@
+"""Faults in real multi-rank jobs: a rank killed, frozen or stalled mid-iteration.
+
+Every surviving rank must exit non-zero within a bounded time, and say which rank was lost (or
+has not started the stalled collective) and which tensor it was waiting for. Two launchers: the
+real ``horovodrun`` (which ends a job when a rank exits), and tests/scripts/reliability_launch.py,
+which starts the ranks like a batch scheduler and never kills one, so that whatever ends the
+survivors is bytesched itself. See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import socket
+import sys
+import time
+
+import pytest
+
+from conftest import SCRIPTS, require, require_executable, run_job, started
+
+FAULT_TIMEOUT_S = 3
+GRACE_S = 10  # bytesched.core.core.EXIT_GRACE_S
+TRAIN = [sys.executable, str(SCRIPTS / "reliability_train.py"), "--steps", "40", "--step-sleep", "0.05"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fault_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, BYTESCHED_CHANNEL_PORT=str(free_port()),
+               BYTESCHED_FAULT_TIMEOUT_S=str(FAULT_TIMEOUT_S), **extra)
+    env.pop("BYTESCHED_ORDER", None)
+    return env
+
+
+def launch_until_exits(ranks: int, args: list[str], survivors: set[int], timeout: float,
+                       env: dict[str, str]) -> tuple[str, dict[int, tuple[int, float]]]:
+    """Run the job under the no-kill launcher until every rank in ``survivors`` exited; then kill
+    what is left (a frozen rank). Returns the output and {rank: (exit code, seconds after start)}."""
+    require("horovod.torch", "Horovod built with PyTorch")
+    argv = [sys.executable, str(SCRIPTS / "reliability_launch.py"), str(ranks), "--", *TRAIN, *args]
+    exits: dict[int, tuple[int, float]] = {}
+    lines: list[str] = []
+    start = time.monotonic()
+    with started(argv, env=env) as job:
+        assert job.stdout is not None
+        fd = job.stdout.fileno()
+        buffer = ""
+        while not survivors <= exits.keys() and time.monotonic() - start < timeout:
+            if not select.select([fd], [], [], 0.2)[0]:
+                continue
+            chunk = os.read(fd, 1 << 16).decode(errors="replace")
+            if not chunk:  # the launcher exited
+                break
+            buffer += chunk
+            *complete, buffer = buffer.split("\n")
+            for line in complete:
+                lines.append(line)
+                m = re.match(r"EXIT rank=(\d+) code=(-?\d+)", line)
+                if m:
+                    exits[int(m.group(1))] = (int(m.group(2)), time.monotonic() - start)
+    output = "\n".join(lines) + buffer
+    assert survivors <= exits.keys(), (f"ranks {sorted(survivors - exits.keys())} still ran after {timeout} s "
+                                       f"(a hang):\n{output[-6000:]}")
+    return output, exits
+
+
+def rank_output(output: str, rank: int) -> str:
+    return "\n".join(line for line in output.splitlines() if line.startswith(f"[{rank}] "))
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_frozen_rank_is_named_with_the_tensor_and_survivors_exit() -> None:
+    """SIGSTOP: the process stays, its sockets stay open, only heartbeats can tell (a hung node)."""
+    output, exits = launch_until_exits(3, ["--stop-rank", "1"], {0, 2}, timeout=90, env=fault_env())
+    fault = re.search(r"FAULT rank=1 freezing", output)
+    assert fault, output[-4000:]
+    for rank in (0, 2):
+        mine = rank_output(output, rank)
+        assert exits[rank][0] != 0, mine[-3000:]
+        assert "rank 1 was lost" in mine, mine[-3000:]
+        assert re.search(rf"rank {rank} was waiting for tensor 'layers\.\d\.(weight|bias)' partition 0", mine), mine[-3000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_stalled_rank_is_named_and_stall_timeout_ends_the_job() -> None:
+    """A rank alive but stuck before producing a gradient: rank 0's stall warning names it, and
+    BYTESCHED_STALL_TIMEOUT_S ends every rank, the stuck one included (it loses rank 0)."""
+    env = fault_env(BYTESCHED_STALL_WARNING_S="2", BYTESCHED_STALL_TIMEOUT_S="8")
+    output, exits = launch_until_exits(2, ["--hang-rank", "1"], {0, 1}, timeout=90, env=env)
+    leader = rank_output(output, 0)
+    assert re.search(r"stall: tensor 'layers\.\d\.(weight|bias)' partition 0 of 1 \(started \d+ s ago\) on rank 0 "
+                     r"and has not finished: rank\(s\) 1 have not started it", leader), leader[-3000:]
+    assert "BYTESCHED_STALL_TIMEOUT_S=8" in leader, leader[-3000:]
+    assert exits[0][0] != 0 and exits[1][0] != 0, output[-3000:]
+    assert "rank 0 was lost" in rank_output(output, 1), output[-3000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_killed_rank_survivors_exit_nonzero_without_launcher_help() -> None:
+    """SIGKILL closes the dead rank's connections: Gloo's own error usually ends the survivors
+    first; either way they exit non-zero, within the fault timeout and exit grace."""
+    output, exits = launch_until_exits(3, ["--kill-rank", "1"], {0, 1, 2}, timeout=90, env=fault_env())
+    assert exits[1][0] == -9, output[-3000:]
+    for rank in (0, 2):
+        assert exits[rank][0] != 0, rank_output(output, rank)[-3000:]
+        assert exits[rank][1] - exits[1][1] < FAULT_TIMEOUT_S + GRACE_S + 10, exits
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_killed_rank_under_horovodrun_ends_the_job() -> None:
+    require("horovod.torch", "Horovod built with PyTorch")
+    horovodrun = require_executable("horovodrun")
+    start = time.monotonic()
+    result = run_job([horovodrun, "-np", "3", "-H", "localhost:3", "--gloo", *TRAIN, "--kill-rank", "1"],
+                     timeout=120, env=fault_env())
+    assert "FAULT rank=1 killing itself" in result.stdout, result.stdout[-3000:]
+    assert result.returncode != 0
+    assert "Exit code: 137" in result.stdout or "exit with status code" in result.stdout, result.stdout[-3000:]
+    assert time.monotonic() - start < 100

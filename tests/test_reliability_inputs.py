@@ -1,0 +1,127 @@
+"""Bad input, one test per row of the table in docs/reliability.md: every BYTESCHED_* variable
+with wrong values, and wrong use of the API. Each error must name the culprit."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bytesched.core import Config, Core
+from bytesched.core.config import VARIABLES, ConfigError, from_env
+from bytesched.core.task import CommTask, SubTask
+from conftest import require
+
+# The wrong values every variable of a kind must refuse (zero only where it is not "off").
+SIZE = ["-4MB", "0", "four", "4XB", "2000000TB"]
+SECONDS = ["-1", "0", "soon", "5ms", "1e12", "nan", "inf"]
+SECONDS_OR_OFF = ["-1", "soon", "5ms", "1e12", "nan", "inf"]
+COUNT_FROM_1 = ["-1", "0", "ten", "2.5", "99999999999"]
+COUNT_FROM_0 = ["-1", "ten", "2.5", "99999999999"]
+KINDS = {
+    "BYTESCHED_PARTITION_BYTES": SIZE, "BYTESCHED_CREDIT_BYTES": SIZE,
+    "BYTESCHED_POLICY": ["fastest", ""], "BYTESCHED_ORDER": ["random", "0"],
+    "BYTESCHED_TIMELINE": ["  "], "BYTESCHED_LOG_LEVEL": ["loud", "5"],
+    "BYTESCHED_CHANNEL_HOST": [" "], "BYTESCHED_CHANNEL_PORT": ["0", "-1", "70000", "http", "29517.5"],
+    "BYTESCHED_CHANNEL_TIMEOUT_S": SECONDS, "BYTESCHED_JOB_TOKEN": [""],
+    "BYTESCHED_STALL_WARNING_S": SECONDS, "BYTESCHED_STALL_TIMEOUT_S": SECONDS_OR_OFF,
+    "BYTESCHED_FAULT_TIMEOUT_S": SECONDS_OR_OFF, "BYTESCHED_CHECK": COUNT_FROM_0,
+    "BYTESCHED_TUNING": ["2", "maybe"], "BYTESCHED_TUNING_MAX_TRIALS": COUNT_FROM_1,
+    "BYTESCHED_TUNING_STEPS_PER_TRIAL": COUNT_FROM_1, "BYTESCHED_TUNING_WARMUP_STEPS": COUNT_FROM_0,
+    "BYTESCHED_TUNING_SEED": COUNT_FROM_0, "BYTESCHED_TUNING_XI": ["-0.1", "lots", "inf"],
+    "BYTESCHED_TUNING_LOG": [" "], "BYTESCHED_TUNING_LOAD": [" "], "BYTESCHED_TUNING_PROFILE": [" "],
+    "BYTESCHED_TUNING_BANDWIDTH": [" "],
+}
+ROWS = [(name, value) for name, values in KINDS.items() for value in values]
+
+
+def test_every_variable_has_bad_values_in_the_table() -> None:
+    assert {v.name for v in VARIABLES} == set(KINDS), "add the new variable's bad values to KINDS"
+
+
+@pytest.mark.parametrize("name, value", ROWS, ids=[f"{n}={v!r}" for n, v in ROWS])
+def test_bad_variable_value_names_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name) as err:
+        from_env({name: value})
+    assert "expected" in str(err.value) or "e.g." in str(err.value) or "unset it" in str(err.value)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("BYTESCHED_STALL_TIMEOUT_S", "0"), ("BYTESCHED_FAULT_TIMEOUT_S", "0"), ("BYTESCHED_CHECK", "0"),
+])
+def test_zero_switches_off(name: str, value: str) -> None:
+    from_env({name: value})
+
+
+# ------------------------------------------------------------------------------ wrong API use
+
+
+@pytest.fixture(scope="module")
+def one_rank_group() -> object:
+    """A real one-rank torch.distributed group (gloo), so ScheduledOptimizer has a backend."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def scheduled(model: nn.Module, optimizer: torch.optim.Optimizer) -> object:
+    from bytesched.plugins.torch import ScheduledOptimizer
+    return ScheduledOptimizer(model, optimizer, config=Config(fault_timeout_s=0))
+
+
+def test_optimizer_without_backend_says_how_to_get_one() -> None:
+    if dist.is_initialized():
+        pytest.fail("torch.distributed must not be initialised here (test order changed?)")
+    model = nn.Linear(4, 4)
+    with pytest.raises(RuntimeError, match=r"SGD.*hvd\.DistributedOptimizer.*init_process_group"):
+        scheduled(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_wrapping_twice_is_refused(one_rank_group: object) -> None:
+    model = nn.Linear(4, 4)
+    once = scheduled(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    try:
+        with pytest.raises(TypeError, match="already a ScheduledOptimizer"):
+            scheduled(model, once)  # type: ignore[arg-type]
+    finally:
+        once.close()  # type: ignore[attr-defined]
+
+
+def test_model_without_parameters_is_refused(one_rank_group: object) -> None:
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        scheduled(nn.ReLU(), torch.optim.SGD([nn.Parameter(torch.ones(1), requires_grad=False)], lr=0.1))
+
+
+def test_parameters_of_another_model_are_named(one_rank_group: object) -> None:
+    with pytest.raises(ValueError, match=r"shape \(3, 3\).*not a parameter of the model"):
+        scheduled(nn.Linear(4, 4), torch.optim.SGD(nn.Linear(3, 3).parameters(), lr=0.1))
+
+
+def test_ddp_model_is_refused(one_rank_group: object) -> None:
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        scheduled(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+class _Noop(CommTask):
+    def partition(self, size: float) -> list[tuple[object, int]]:
+        return [(None, 8)]
+
+    def start(self, sub: SubTask) -> None:
+        self.notify_finish(sub)
+
+
+def test_enqueue_before_start_and_after_shutdown_name_the_task() -> None:
+    core = Core(Config())
+    with pytest.raises(RuntimeError, match=r"cannot enqueue .*grad\.w.*not started"):
+        core.enqueue(_Noop("grad.w", 0, 8))
+    core.start()
+    core.shutdown(2.0)
+    with pytest.raises(RuntimeError, match=r"cannot enqueue .*grad\.w.*shut down"):
+        core.enqueue(_Noop("grad.w", 0, 8))
