@@ -1,14 +1,18 @@
 """A slower network on one machine: Linux network namespaces whose links are shaped by ``tc``.
 
 On an unshaped loopback, communication is almost free and no scheduler can help; benchmarks and
-the demo therefore run their ranks inside a namespace whose loopback is limited by a token-bucket
+the demo therefore run their ranks inside namespaces whose links are limited by a token-bucket
 filter (``tc qdisc ... tbf``, the one shaping discipline besides ``htb`` that every kernel here
-has). All ranks share that one loopback, in both directions, like hosts on one hub.
+has). This module holds the primitives: a namespace, shaping one device, and the simplest
+emulated network, :func:`shaped_loopback`, where all ranks share one loopback in both
+directions, like hosts on one hub (the per-host topology is in :mod:`.topology`).
 
 Only namespaces this module created are touched, and each is deleted when its context exits,
 also on an exception, Ctrl-C (SIGINT) or SIGTERM/SIGHUP (turned into ``SystemExit`` while the
-context is active, so ``finally`` blocks run). Shaping needs root and the ``ip`` and ``tc``
-tools; :func:`unavailable_reason` says why it cannot be done instead of failing halfway.
+context is active, so ``finally`` blocks run). Their names start with :data:`PREFIX` and the
+creating process's pid, so :func:`cleanup_stale` can delete what a killed run (SIGKILL, power
+loss) left. Shaping needs root and the ``ip`` and ``tc`` tools; :func:`unavailable_reason` says
+why it cannot be done instead of failing halfway.
 
 Example::
 
@@ -19,19 +23,30 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
 _RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 _names = itertools.count()
+_T = TypeVar("_T")
+
+#: Every namespace this package creates is named ``PREFIX-<creating pid>-<n>[-<role>]``.
+PREFIX = "bytesched"
+_STALE_RE = re.compile(rf"^{PREFIX}-(\d+)-\d+(?:-[a-z0-9]+)?$")
+_NETNS_DIR = "/var/run/netns"
+# `ip netns exec NAME` bind-mounts the files in /etc/netns/NAME/ over /etc/ for what it runs.
+_NETNS_ETC = "/etc/netns"
+_CLONE_NEWNET = 0x40000000
 
 
 class ShapingUnavailable(RuntimeError):
@@ -69,7 +84,8 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _run(argv: Sequence[str]) -> None:
+def run_tool(argv: Sequence[str]) -> None:
+    """Run an ``ip``/``tc`` command; ShapingUnavailable with its message if it fails."""
     result = subprocess.run(list(argv), capture_output=True, text=True)
     if result.returncode != 0:
         raise ShapingUnavailable(f"`{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
@@ -87,7 +103,61 @@ class Namespace:
 
     def run(self, argv: Sequence[str]) -> None:
         """Run a set-up command inside the namespace; ShapingUnavailable if it fails."""
-        _run([*self.exec_prefix(), *argv])
+        run_tool([*self.exec_prefix(), *argv])
+
+    def set_hosts(self, addresses: Mapping[str, str]) -> None:
+        """Make host names resolve to ``addresses`` (name -> address) for everything run through
+        :meth:`exec_prefix`, via ``/etc/netns/<name>/hosts``; ``localhost`` stays 127.0.0.1.
+
+        All namespaces share the machine's host name; without this it resolves to an address
+        that other emulated hosts cannot reach, and libraries that advertise the address of
+        ``gethostname()`` (Gloo in Horovod's process sets) would tell their peers that.
+        """
+        lines = ["127.0.0.1 localhost", *(f"{address} {name}" for name, address in addresses.items())]
+        directory = os.path.join(_NETNS_ETC, self.name)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "hosts"), "w") as hosts:
+            hosts.write("\n".join(lines) + "\n")
+
+    def call(self, function: Callable[[], _T]) -> _T:
+        """``function()`` run inside the namespace, in a helper thread, and its result.
+
+        Sockets belong to the namespace they were created in, so a socket made here can be
+        served from any thread of this process afterwards (e.g. a rendezvous server that ranks
+        in the namespace must reach) without a child process. Only the helper thread switches
+        namespace (``setns`` acts on the calling thread); it ends right after.
+        """
+        outcome: dict[str, Any] = {}
+
+        def enter_and_call() -> None:
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fd = os.open(os.path.join(_NETNS_DIR, self.name), os.O_RDONLY)
+                try:
+                    if libc.setns(fd, _CLONE_NEWNET) != 0:
+                        errno = ctypes.get_errno()
+                        raise OSError(errno, f"setns into namespace {self.name}: {os.strerror(errno)}")
+                finally:
+                    os.close(fd)
+                outcome["value"] = function()
+            except BaseException as error:  # handed to the caller's thread
+                outcome["error"] = error
+
+        helper = threading.Thread(target=enter_and_call, name=f"netns-{self.name}")
+        helper.start()
+        helper.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def free_port(self, address: str) -> int:
+        """A TCP port free on ``address`` inside this namespace right now (the usual small race
+        until the user binds it; the namespace is private to the job, so little can take it)."""
+        def pick() -> int:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((address, 0))
+                return int(sock.getsockname()[1])
+        return self.call(pick)
 
     def __repr__(self) -> str:
         return f"Namespace({self.name!r})"
@@ -112,20 +182,62 @@ def _signals_exit() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def namespace(prefix: str = "bytesched") -> Iterator[Namespace]:
-    """A new network namespace with its loopback up; deleted on exit, whatever happens."""
+def namespace(role: str = "") -> Iterator[Namespace]:
+    """A new network namespace with its loopback up; deleted on exit, whatever happens.
+
+    ``role`` (lower-case letters and digits, e.g. ``h0`` or ``sw``) is appended to the name so
+    that ``ip netns list`` shows what each one is for.
+    """
     reason = unavailable_reason()
     if reason is not None:
         raise ShapingUnavailable(reason)
-    name = f"{prefix}-{os.getpid()}-{next(_names)}"
+    if role and not role.isalnum():
+        raise ValueError(f"namespace role {role!r} must be letters and digits only")
+    name = f"{PREFIX}-{os.getpid()}-{next(_names)}" + (f"-{role.lower()}" if role else "")
     with _signals_exit():
-        _run(["ip", "netns", "add", name])
+        run_tool(["ip", "netns", "add", name])
         try:
             ns = Namespace(name)
             ns.run(["ip", "link", "set", "lo", "up"])
             yield ns
         finally:
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            _delete(name)
+
+
+def _delete(name: str) -> bool:
+    """Delete namespace ``name`` and its /etc/netns files; True if the namespace existed."""
+    shutil.rmtree(os.path.join(_NETNS_ETC, name), ignore_errors=True)
+    return subprocess.run(["ip", "netns", "delete", name], capture_output=True).returncode == 0
+
+
+def cleanup_stale() -> list[str]:
+    """Delete the namespaces that earlier runs killed before their cleanup left behind.
+
+    Only names of this package (``PREFIX-<pid>-...``) whose creating process no longer exists
+    are deleted; namespaces of live runs, including other users of this module running right
+    now, are left alone. Deleting a namespace also removes the veth ends and bridge in it, and
+    its ``/etc/netns`` files go with it. Returns the deleted namespaces' names.
+    """
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = {line.split(" ", 1)[0] for line in listing.splitlines()}
+    if os.path.isdir(_NETNS_ETC):
+        names.update(os.listdir(_NETNS_ETC))  # files of a namespace that is already gone
+    deleted = []
+    for name in sorted(names):
+        match = _STALE_RE.match(name)
+        if match is not None and not _pid_alive(int(match.group(1))) and _delete(name):
+            deleted.append(name)
+    return deleted
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def tbf_burst(bits_per_second: int) -> int:
@@ -134,11 +246,17 @@ def tbf_burst(bits_per_second: int) -> int:
     return max(256 * 1024, bits_per_second // 8 // 500)
 
 
+def shape(ns: Namespace, device: str, bits_per_second: int, latency_ms: int = 100) -> None:
+    """Limit what ``device`` in ``ns`` sends (its egress) to ``bits_per_second``; ``latency_ms``
+    bounds how long a packet may queue (tbf's limit)."""
+    ns.run(["tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{bits_per_second}bit",
+            "burst", str(tbf_burst(bits_per_second)), "latency", f"{latency_ms}ms"])
+
+
 @contextlib.contextmanager
 def shaped_loopback(bits_per_second: int, latency_ms: int = 100) -> Iterator[Namespace]:
     """A new namespace whose loopback carries at most ``bits_per_second`` (both directions and
     every rank together); ``latency_ms`` bounds how long a packet may queue (tbf's limit)."""
-    with namespace() as ns:
-        ns.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", f"{bits_per_second}bit",
-                "burst", str(tbf_burst(bits_per_second)), "latency", f"{latency_ms}ms"])
+    with namespace("lo") as ns:
+        shape(ns, "lo", bits_per_second, latency_ms)
         yield ns
