@@ -54,6 +54,15 @@ class Backend(ABC):
     def barrier(self) -> None:
         """Block until every rank got here (used between two Cores' rank-0 channels)."""
 
+    @abstractmethod
+    def sum_int(self, value: int) -> int:
+        """The sum of ``value`` over every rank (a blocking collective every rank must call)."""
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port.
+        A sum where the others contribute 0, so no library's notion of a root rank is involved."""
+        return self.sum_int(value if self.rank == 0 else 0)
+
     def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         """The unbound ``step`` that updates parameters without communicating."""
         return type(optimizer).step

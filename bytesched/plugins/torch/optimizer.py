@@ -16,25 +16,29 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import time
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from bytesched.core import Config, Core, from_env
+from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import configure_logging
+from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
+from .consistency import make_check
 from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
 from .proxies import ForwardProxies
-from .runtime import on_channel_failure, start_core
+from .runtime import channel_of, on_channel_failure, start_core
 from .trace import ForwardTrace
 from .updates import SingleParameterStep, hyperparameters
 
 log = logging.getLogger("bytesched")
 
 _live: "weakref.WeakSet[ScheduledOptimizer]" = weakref.WeakSet()
+_tuned_cores: "weakref.WeakSet[Core]" = weakref.WeakSet()  # Cores whose sizes a session drives
 _atexit_registered = False
 
 
@@ -55,12 +59,18 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         process_group: torch.distributed group to reduce over (default: the whole world).
         backward_passes_per_step: torch.distributed only: backward passes accumulated per step
             (Horovod's comes from its DistributedOptimizer).
+        samples_per_step: samples one ``step()`` trains on (e.g. the global batch size); only
+            read by tuning (``BYTESCHED_TUNING``), whose log then reads in samples/s instead of
+            steps/s. Tuning compares trials of the same job, so any constant works.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, cross_barrier: bool = True,
                  config: Config | None = None, process_group: Any = None,
-                 backward_passes_per_step: int | None = None) -> None:
+                 backward_passes_per_step: int | None = None, samples_per_step: float = 1.0) -> None:
         _check_arguments(model, optimizer, cross_barrier)
+        if not 0 < samples_per_step < float("inf"):
+            raise ValueError(f"ScheduledOptimizer: samples_per_step must be a positive number, "
+                             f"got {samples_per_step!r}")
         backend = make_backend(optimizer, process_group)
         passes = _passes_per_step(backend, backward_passes_per_step)
         config = from_env() if config is None else config
@@ -80,6 +90,14 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self._hooks.append(module.register_state_dict_pre_hook(self._flush_before_state_dict))
             self._hooks.append(module.register_load_state_dict_pre_hook(self._flush_before_load))
         self._stop_listening = on_channel_failure(self._pipeline.fail)
+        self._check = make_check(config.check_every, backend, slots, self._pipeline.wait_applied)
+        self._steps = 0
+        self._samples_per_step = samples_per_step
+        self.tuned_params: SchedulingParams | None = None
+        """The partition and credit sizes tuning kept (the same on every rank), once it is over."""
+        self._tuning = self._start_tuning(config, backend)
+        if self._tuning is not None:
+            self._tuning_step(self._tuning)  # the opening sizes, before any CommTask exists
         self._closed = False
         self._waiting_for_backward = False
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
@@ -122,12 +140,18 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._proxies.settle()
         self._backend.check_idle()
         if not self._cross_barrier:
-            return self._step_at_barrier(closure)
-        if closure is not None:
+            result = self._step_at_barrier(closure)
+        elif closure is not None:
             raise BarrierCrossingError("step(closure) re-evaluates the model inside step(), so step() "
                                        "cannot return before the gradients are reduced; " + BARRIER_MODE)
-        self._pipeline.release(hyperparameters(self._inner))
-        return None
+        else:
+            self._pipeline.release(hyperparameters(self._inner))
+            result = None
+        if self._tuning is not None:
+            self._tuning_step(self._tuning)
+        if self._check is not None:
+            self._check.after_step()
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; one whose update is still pending is cleared right after the update."""
@@ -204,6 +228,38 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             raise BarrierCrossingError("AMP's GradScaler unscales gradients between backward() and step(), "
                                        "while bytesched is still all-reducing them; " + ESCAPE_HATCH)
         return False
+
+    def _start_tuning(self, config: Config, backend: Backend) -> TuningSession | None:
+        """The tuning session driving this Core's sizes (None when tuning is off). Only the first
+        optimizer on a Core tunes (a GAN's second one shares the Core, so it runs on the sizes
+        the first one picks)."""
+        if (config.tuning or config.tuning_load) and self._core in _tuned_cores:
+            log.info("bytesched tuning: another ScheduledOptimizer of this process already tunes the Core's "
+                     "sizes; this one uses them")
+            return None
+        session = make_session(config, rank=backend.rank, world_size=backend.size, channel=channel_of(self._core),
+                               arch="allreduce")
+        if session is not None:
+            _tuned_cores.add(self._core)
+        return session
+
+    def _tuning_step(self, session: TuningSession) -> None:
+        """Step ``self._steps`` is about to begin: switch sizes if the ranks agreed to now.
+
+        Called at the end of ``step()`` (and once at construction), when every CommTask of the
+        step that ended has been enqueued (``release``/``reduce_all`` enqueue those backward
+        left out) and none of the next step's has: its gradients become ready only in the next
+        backward pass, and ``set_params`` is an event the Core handles in order with the
+        enqueues. So the same step's tasks are partitioned alike on every rank, in crossing and
+        in barrier mode. A follower waits here (bounded) for a switch that is late."""
+        now = time.monotonic()
+        params = session.on_step(self._steps, samples=self._samples_per_step, now=now)
+        self._steps += 1
+        if params is not None:
+            self._core.set_params(params)
+        if session.done:  # the session logged the kept sizes
+            self._tuning = None  # from now on step() pays one comparison
+            self.tuned_params = session.final
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         def ready(param: torch.Tensor) -> None:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from bytesched.core import Core
+from bytesched.core.channel import ChannelError
 
 from .backend import Backend
 from .task import GradientTask
@@ -224,15 +225,27 @@ class UpdatePipeline:
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no communication is in flight and, unless something failed, no update is
-        pending (False on timeout). Communication drains even after a failure: peers take part."""
+        pending (False on timeout). Communication drains even after a failure, as peers take
+        part, except when it cannot: the Core failed or a peer was lost. Then this returns at
+        once, naming the failure, instead of waiting out ``timeout`` at exit."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while self._unreduced or (self._unapplied and self._failure is None):
+                stopped = self._communication_stopped()
+                if stopped is not None:
+                    log.warning("bytesched: not waiting for %d all-reduce(s) in flight: %s", self._unreduced, stopped)
+                    return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._changed.wait(remaining)
         return True
+
+    def _communication_stopped(self) -> BaseException | None:
+        """Why in-flight communication will never complete, if it will not."""
+        if self._core.failure is not None:
+            return self._core.failure
+        return self._failure if isinstance(self._failure, ChannelError) else None
 
     def close(self) -> None:
         """Stop the update thread (after :meth:`wait_idle`)."""

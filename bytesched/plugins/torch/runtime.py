@@ -1,24 +1,29 @@
 """This process's Core, its timeline (``BYTESCHED_TIMELINE``) and, when followers obey rank 0's
-order, its rank-0 channel.
+order or tuning is on, its rank-0 channel.
 
 One Core serves every ScheduledOptimizer of the process (a GAN's two optimizers share it). The
 plugin picks the Core's order mode from the backend (``immediate`` for Horovod, ``rank0`` for
-torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise, and opens the rank-0 channel the
-``rank0`` mode needs. The channel belongs to the Core it was opened for: when a later optimizer
-needs a Core with another configuration (after :func:`bytesched.core.shutdown`), the old channel
-is closed and, after a barrier so that no rank connects to the old one, a new one is opened.
+torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise, and opens the rank-0 channel that
+the ``rank0`` mode needs, and that tuning needs in either mode (rank 0 broadcasts each trial's
+sizes over it, see :mod:`bytesched.tuning.session`). The channel belongs to the Core it was
+opened for: when a later optimizer needs a Core with another configuration (after
+:func:`bytesched.core.shutdown`), the old channel is closed and, after a barrier so that no rank
+connects to the old one, a new one is opened.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import sys
+import time
 import weakref
 from typing import Callable
 
 from bytesched.core import Config, Core, get_core, init
 from bytesched.core import shutdown as shutdown_core
-from bytesched.core.channel import ChannelError, ChannelFollower, ChannelLeader, open_channel
+from bytesched.core.channel import ChannelError, ChannelFollower, ChannelLeader, PeerLost, open_channel
+from bytesched.core.core import EXIT_GRACE_S, exit_later
 from bytesched.core.timeline import open_timeline
 
 from .backend import Backend
@@ -45,7 +50,7 @@ def start_core(config: Config, backend: Backend) -> Core:
                                f"mode ({running.order}); call bytesched.core.shutdown() first")
         return running
     channel = None
-    if order == "rank0" and backend.size > 1:
+    if needs_channel(config, order, backend.size):
         if _close_channel():
             backend.barrier()  # every rank closed its old channel before rank 0 listens again
         channel = _open(config, backend)
@@ -55,6 +60,19 @@ def start_core(config: Config, backend: Backend) -> Core:
         global _channel_core
         _channel_core = weakref.ref(core)
     return core
+
+
+def needs_channel(config: Config, order: str, world_size: int) -> bool:
+    """Followers obey rank 0's order, rank 0 broadcasts tuning switches, or the ranks watch each
+    other's heartbeats (``BYTESCHED_FAULT_TIMEOUT_S`` > 0, the default: docs/reliability.md)."""
+    return world_size > 1 and (order == "rank0" or config.tuning or bool(config.tuning_load)
+                               or config.fault_timeout_s > 0)
+
+
+def channel_of(core: Core) -> ChannelLeader | ChannelFollower | None:
+    """The rank-0 channel opened for ``core``, or None if it runs without one."""
+    owner = _channel_core() if _channel_core is not None else None
+    return _channel if owner is core else None
 
 
 def on_channel_failure(listener: Callable[[BaseException], None]) -> Callable[[], None]:
@@ -67,7 +85,7 @@ def _open(config: Config, backend: Backend) -> ChannelLeader | ChannelFollower:
     global _channel, _atexit_registered, _generation
     _generation += 1
     generation = _generation
-    _channel = open_channel(config, backend.rank, backend.size,
+    _channel = open_channel(config, backend.rank, backend.size, share_port=backend.broadcast_int,
                             on_failure=lambda error: _channel_failed(error, generation))
     if not _atexit_registered:
         # Registered after hvd.init() / init_process_group() and before the optimizers' own
@@ -79,11 +97,14 @@ def _open(config: Config, backend: Backend) -> ChannelLeader | ChannelFollower:
 
 def _channel_failed(error: ChannelError, generation: int) -> None:
     core = _channel_core() if _channel_core is not None else None
-    if generation != _generation or core is None or not core.running:
+    if generation != _generation or core is None:
         return  # the channel of a Core that was shut down (peers leave at their own pace)
-    log.error("bytesched: the rank-0 channel failed: %s", error)
+    lost = f"rank {error.lost_rank} was lost" if isinstance(error, PeerLost) else "the rank-0 channel failed"
+    waiting = core.describe_waiting() if core.running else "nothing (its Core has stopped)"
+    log.error("bytesched: %s; rank %d was waiting for %s. Stopping this rank: %s", lost, core.rank, waiting, error)
     for listener in list(_failure_listeners):
         listener(error)
+    exit_later(f"{lost} (the training loop did not exit by itself)")
 
 
 def _close_channel() -> bool:
@@ -102,5 +123,15 @@ def _close_channel() -> bool:
 
 
 def _shutdown() -> None:
+    core = _channel_core() if _channel_core is not None else None
+    failure = core.failure if core is not None and core.failure is not None else getattr(_channel, "failure", None)
     shutdown_core(5.0)
     _close_channel()
+    if failure is not None:
+        # Next in line is the backend's own exit handler, which would wait for the lost or stuck
+        # peer; and once the interpreter finalizes, exit_later's thread can no longer run. So a
+        # failed rank ends here, while Python still runs (docs/reliability.md, "exit").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        exit_later(f"of an earlier failure ({failure}); skipping the backend's exit handler", grace_s=0.0)
+        time.sleep(EXIT_GRACE_S)  # exit_later's thread ends the process meanwhile
