@@ -21,10 +21,14 @@ from conftest import SCRIPTS, require, require_executable, run_job, started
 
 TRAIN = SCRIPTS / "mxnet_train.py"
 POLICIES = ("bytescheduler", "fifo", "p3", "tictac", "prophet")
+# A job takes 10-20 s on an idle machine; the bounds leave room for a shared, loaded one (a job
+# that deadlocks still fails, just later). A test with the `plain` fixture may run two jobs.
+JOB_TIMEOUT = 240
+TWO_JOBS = 2 * JOB_TIMEOUT + 30
 
 
 def launch(out: Path, *train_args: str, env: dict[str, str] | None = None,
-           timeout: float = 100) -> str:
+           timeout: float = JOB_TIMEOUT) -> str:
     """Run one 2-worker x 2-server job of the training script; return its output."""
     require("mxnet")
     bytesched = require_executable("bytesched")
@@ -70,7 +74,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(TWO_JOBS)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_scheduled_dist_sync_equals_plain(plain: Path, tmp_path: Path, policy: str) -> None:
     output = launch(tmp_path, "--store", "scheduled",
@@ -85,7 +89,7 @@ def test_scheduled_dist_sync_equals_plain(plain: Path, tmp_path: Path, policy: s
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(TWO_JOBS)
 def test_skewed_workers_and_a_partition_change_mid_training(plain: Path, tmp_path: Path) -> None:
     """Worker 1 issues every step's pushes in reverse order with pauses, under a one-partition
     credit: rank-0 order must keep the job deadlock-free. At step 10 the partition size changes
@@ -100,7 +104,20 @@ def test_skewed_workers_and_a_partition_change_mid_training(plain: Path, tmp_pat
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(TWO_JOBS)
+def test_str_keys_equal_the_trainers_int_keys(plain: Path, tmp_path: Path) -> None:
+    """Module-style callers give parameter names as keys. A dist store numbers str keys in init
+    order for its servers' optimizer, which is the Trainer's int order here, so the result is
+    exactly the plain (int-keyed) run's, with split tensors."""
+    output = launch(tmp_path, "--store", "scheduled", "--str-keys",
+                    env={"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "2000"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert subtasks(output) == [16 * 20] * 2
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
 def test_thousands_of_tiny_partitions(plain: Path, tmp_path: Path) -> None:
     """8-byte partitions: 1505 server keys per step, 64 bytes of credit."""
     output = launch(tmp_path, "--store", "scheduled", "--steps", "5",
@@ -111,7 +128,40 @@ def test_thousands_of_tiny_partitions(plain: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(TWO_JOBS)
+def test_adam_with_a_credit_below_the_partitions_across_a_repartition(tmp_path: Path) -> None:
+    """The hazard that hung a local store (an optimizer step holding one of MXNet's shared
+    temp-space variables behind a held partition) cannot arise on a dist store: Adam runs on the
+    servers, and a worker's held partitions gate only its own transfers. Every partition here
+    is bigger than the credit and the partition size changes at step 6: exactly plain Adam."""
+    adam = ("--optimizer", "adam", "--steps", "12")
+    launch(tmp_path / "plain", "--store", "plain", *adam)
+    launch(tmp_path / "scheduled", "--store", "scheduled", *adam, "--repartition-at", "6",
+           "--repartition-bytes", "400", env={"BYTESCHED_PARTITION_BYTES": "1000",
+                                               "BYTESCHED_CREDIT_BYTES": "300"})
+
+    assert_same_weights(tmp_path / "plain" / "worker0.npz", tmp_path / "scheduled")
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+def test_tuning_switches_sizes_on_every_worker_alike(plain: Path, tmp_path: Path) -> None:
+    """BYTESCHED_TUNING=1 with three 6-step trials: rank 0 picks the sizes, every worker switches
+    at the same steps (each new partition size is a live re-partition of the server keys), both
+    keep the same final sizes, and the weights are still exactly the plain store's."""
+    output = launch(tmp_path, "--store", "scheduled",
+                    env={"BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "3",
+                         "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6", "BYTESCHED_TUNING_WARMUP_STEPS": "0",
+                         "BYTESCHED_TUNING_SEED": "3"})
+
+    kept = re.findall(r"TRAINED .* tuned=(\S+) repartitions=(\d+)", output)
+    assert len(kept) == 2 and kept[0] == kept[1] and kept[0][0] != "none", output[-4000:]
+    assert int(kept[0][1]) >= 1, "tuning never changed the partition size"
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(JOB_TIMEOUT + 30)
 def test_dist_async_trains(tmp_path: Path) -> None:
     """dist_async: each push is applied on arrival (no cross-worker order, no exact reference)."""
     output = launch(tmp_path, "--store", "scheduled", "--kvstore", "dist_async",

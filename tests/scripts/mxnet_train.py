@@ -8,9 +8,14 @@ servers really sum different gradients; at the end each worker saves its weights
     --store scheduled   through ScheduledKVStore (policy, sizes: BYTESCHED_* environment)
     --skew              worker 1 issues each step's pushpulls in reverse order, with pauses
                         (workers start pushes in different orders: rank-0 order must cope)
+    --str-keys          the scheduled store is given parameter names as keys, as Module does,
+                        instead of the Trainer's int indices
     --repartition-at S --repartition-bytes B   change the partition size at step S
     --snapshot-at N     also save the weights after N steps, to OUT/worker{R}_step{N}.npz
     --crash-at N        worker 1 dies (exit code 3) at step N, mid-training
+
+The TRAINED line ends with ``tuned=PARTITION,CREDIT`` (the sizes tuning kept, ``none`` without)
+and ``repartitions=N`` (live re-partitions of the server keys).
 """
 
 from __future__ import annotations
@@ -69,6 +74,28 @@ def skewed(store_cls: type) -> type:
     return Skewed
 
 
+def str_keyed(store_cls: type) -> type:
+    """``store_cls`` that receives str keys ("param<index>") where the Trainer passes ints."""
+
+    def named(key):  # noqa: ANN001, ANN202 - a key or a list of keys
+        # a str key is already named: the store's broadcast calls init with it
+        if isinstance(key, (list, tuple)):
+            return [named(k) for k in key]
+        return key if isinstance(key, str) else f"param{key}"
+
+    class StrKeyed(store_cls):  # type: ignore[misc, valid-type]
+        def init(self, key, value):  # noqa: ANN001, ANN201 - MXNet's signatures
+            super().init(named(key), value)
+
+        def broadcast(self, key, value, out, priority=0):  # noqa: ANN001, ANN201
+            super().broadcast(named(key), value, out, priority=priority)
+
+        def pushpull(self, key, value, out=None, priority=0):  # noqa: ANN001, ANN201
+            super().pushpull(named(key), value, out=out, priority=priority)
+
+    return StrKeyed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", choices=("plain", "scheduled"), required=True)
@@ -77,6 +104,7 @@ def main() -> None:
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--skew", action="store_true")
+    parser.add_argument("--str-keys", action="store_true")
     parser.add_argument("--repartition-at", type=int, default=None)
     parser.add_argument("--repartition-bytes", type=int, default=None)
     parser.add_argument("--snapshot-at", type=int, default=None)
@@ -89,7 +117,7 @@ def main() -> None:
     if args.store == "scheduled":
         from bytesched.plugins.mxnet import ScheduledKVStore
         cls = skewed(ScheduledKVStore) if args.skew else ScheduledKVStore
-        kv = cls(kv)
+        kv = (str_keyed(cls) if args.str_keys else cls)(kv)
     net = model()
     options = {"learning_rate": 0.05, "wd": 0.001}
     if args.optimizer == "sgd":
@@ -113,13 +141,16 @@ def main() -> None:
         if step + 1 == args.snapshot_at:
             save(net, args.out / f"worker{rank}_step{step + 1}.npz")
     save(net, args.out / f"worker{rank}.npz")
-    subtasks = 0
+    subtasks, tuned, repartitions = 0, None, 0
     if args.store == "scheduled":
         kv.wait_idle(60)
         subtasks = kv._core.take_stats().subtasks_started
+        tuned = kv.tuned_params
+        repartitions = kv._table.generation
+    kept = "none" if tuned is None else f"{tuned.partition_bytes:g},{tuned.credit_bytes:g}"
     print(f"TRAINED steps={args.steps} subtasks={subtasks} "
-          f"partition_bytes={getattr(kv, 'partition_bytes', 'none')} order={getattr(kv, 'order', 'none')}",
-          flush=True)
+          f"partition_bytes={getattr(kv, 'partition_bytes', 'none')} order={getattr(kv, 'order', 'none')} "
+          f"tuned={kept} repartitions={repartitions}", flush=True)
 
 
 if __name__ == "__main__":

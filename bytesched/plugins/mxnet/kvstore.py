@@ -20,11 +20,30 @@ and a push that rank 0 started is eventually started by everyone, so no cycle of
 ``dist_async`` servers answer each push alone and ``local`` has one worker: they use
 ``immediate`` order (no channel).
 
+A store without a network (``local``, ``device``) releases every partition as soon as it is
+ready, with no credit. Its push runs the optimizer inline, so the optimizer's engine operations
+sit behind the partition's ready proxy, and MXNet hands shared resources to them (temp space is
+a few engine variables handed out round-robin: ``adam_update`` takes one). An operation posted
+later that draws the same resource waits for the held partition. Under a credit the Core could
+start that later partition and hold back the earlier one until it finishes: a cycle, which hung
+MXNet's ``WaitForVar``. Released on readiness, a partition is held only until the Core thread
+sees it, so the engine runs everything in posting order. Dist stores keep the credit: their
+gated operations (ps-lite push/pull on per-key buffers, copies) take no shared resource.
+
 Re-partitioning. :meth:`ScheduledKVStore.set_params` with a new partition size takes effect at a
 step boundary: the store waits for its communication to finish, initialises fresh server keys at
 the new size with the values the workers last pulled (a collective MXNet init), and re-sends
 the optimizer wrapper, which carries optimizer states over on the servers
 (:mod:`.server_optimizer`). No checkpoint, no restart.
+
+Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``). Every worker drives a
+:class:`~bytesched.tuning.TuningSession` over the rank-0 channel: at each step boundary (see
+:meth:`ScheduledKVStore._next_step_if`), before anything of the new step is posted, it calls
+``on_step`` and applies the sizes it returns with the re-partitioning above, so every worker
+switches partition size at the same step. While tuning, the step boundary first waits for the
+previous step's communication: MXNet's Python thread otherwise runs ahead of the engine, and the
+tuner would time the posting of operations instead of the training. The kept sizes are
+:attr:`ScheduledKVStore.tuned_params`.
 """
 
 from __future__ import annotations
@@ -43,8 +62,9 @@ from mxnet.kvstore import KVStoreBase
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import configure_logging, from_env
-from bytesched.core.policies import make_policy
+from bytesched.core.policies import ImmediatePolicy, Policy, make_policy
 from bytesched.core.timeline import open_timeline
+from bytesched.tuning import TuningSession, make_session
 
 from .layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import events
@@ -111,6 +131,14 @@ def _order_for(kv_type: str, config: Config, world_size: int) -> str:
     return "rank0" if world_size > 1 and "dist" in kv_type and "async" not in kv_type else "immediate"
 
 
+def _policy_for(kv_type: str, config: Config) -> Policy | None:
+    """The configured policy (None: the Core makes it), or for a store without a network its
+    partitioning with release on readiness (see "A store without a network" in the module doc)."""
+    if "dist" in kv_type:
+        return None
+    return ImmediatePolicy(make_policy(config.policy, config.params))
+
+
 class ScheduledKVStore(KVStoreBase):
     """An MXNet KVStore whose communication the bytesched Core schedules (see the module doc).
 
@@ -128,15 +156,18 @@ class ScheduledKVStore(KVStoreBase):
         configure_logging(self.config)
         self.events = events()
         self.library = self.events.library
-        self._table = ServerKeyTable(*_placement(kvstore.type))
+        self._table = ServerKeyTable(*_placement(kvstore.type),
+                                     str_index_is_name="dist" not in kvstore.type)
         self._partition_bytes = make_policy(self.config.policy, self.config.params).partition_bytes()
         self.core_rank, self.world_size = _launch_rank(kvstore)
         self.order = _order_for(kvstore.type, self.config, self.world_size)
         self._channel = None
-        if self.order == "rank0" and self.world_size > 1:
+        tuning = bool(self.config.tuning or self.config.tuning_load)
+        if (self.order == "rank0" or tuning) and self.world_size > 1:
             from bytesched.core.channel import open_channel
             self._channel = open_channel(self.config, self.core_rank, self.world_size)
         self._core = bcore.init(self.config, rank=self.core_rank, order=self.order, channel=self._channel,
+                                policy=_policy_for(kvstore.type, self.config),
                                 timeline=open_timeline(self.config, rank=self.core_rank,
                                                        world_size=self.world_size))
         self._lock = threading.Condition()
@@ -157,6 +188,10 @@ class ScheduledKVStore(KVStoreBase):
         self.step = 0
         self._seen: set[tuple[str, UserKey]] = set()
         self._pending: tuple[SchedulingParams, int | None] | None = None
+        self._tuning: TuningSession | None = make_session(self.config, rank=self.core_rank,
+                                                          world_size=self.world_size,
+                                                          channel=self._channel, arch="ps")
+        self._tuned_step = -1  # the last step the tuning session was told about
         self._closed = False
         atexit.register(self.close)
 
@@ -173,6 +208,12 @@ class ScheduledKVStore(KVStoreBase):
     @property
     def num_workers(self) -> int:
         return self._kv.num_workers
+
+    @property
+    def tuned_params(self) -> SchedulingParams | None:
+        """The partition and credit sizes tuning kept, the same on every worker (None while
+        tuning still searches, and without tuning)."""
+        return None if self._tuning is None else self._tuning.final
 
     @property
     def partition_bytes(self) -> float:
@@ -336,12 +377,24 @@ class ScheduledKVStore(KVStoreBase):
 
     def _next_step_if(self, kind: str, user_key: UserKey) -> None:
         """A key communicated again starts a new step (Trainer and Module touch each key once
-        per step); due re-partitions happen there, before anything of the new step is posted."""
+        per step); tuning switches and due re-partitions happen there, before anything of the
+        new step is posted (the first submission is the boundary of step 0)."""
         if (kind, user_key) in self._seen:
             self.step += 1
             self._seen.clear()
+        if self._tuning is not None and not self._tuning.done and self.step > self._tuned_step:
+            self._tuning_step()
+        if not self._seen:
             self._maybe_repartition()
         self._seen.add((kind, user_key))
+
+    def _tuning_step(self) -> None:
+        """Tell the tuning session that :attr:`step` begins; apply the sizes it switches to."""
+        self.wait_idle()  # time finished steps, not posted ones (module doc, "Tuning")
+        params = self._tuning.on_step(self.step)  # type: ignore[union-attr]
+        self._tuned_step = self.step
+        if params is not None:
+            self.set_params(params)
 
     def _install_optimizer(self) -> None:
         """Send the optimizer wrapper when the optimizer or the key layout changed."""

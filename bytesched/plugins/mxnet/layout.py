@@ -5,11 +5,14 @@ per range (zero-copy: the ranges are views of the flattened tensor). Every worke
 table because every worker initialises the same keys in the same order with the same partition
 size, so server keys are allocated deterministically by a counter; nothing is exchanged.
 
-Server keys are integers (MXNet refuses a mix of key types in one store, and the parameter
-server's optimizer sees integer indices anyway). Each user key also has a *plain index*: the
-index under which the wrapped store's optimizer would have seen that key without partitioning
-(the key itself for an int key; the init order for a str key, as MXNet numbers str keys). The
-optimizer's per-parameter settings are re-keyed from plain indices to server keys with it.
+User keys may be ints (Gluon's Trainer) or strs (Module, and scripts using parameter names),
+not both in one store (MXNet refuses the mix). Server keys are always ints, allocated here, so
+that they can be placed on chosen servers and never collide across generations. Each user key
+also has a *plain index*: the index under which the wrapped store's optimizer would have seen
+that key without partitioning, which is what per-parameter optimizer settings are looked up by.
+For an int key it is the key. For a str key it depends on the store, as in MXNet: a dist store
+numbers str keys in init order and its servers' optimizer sees those numbers; a local store
+hands its optimizer the str key itself.
 
 A re-partition gives every user key fresh server keys (a new *generation*), so old and new keys
 never collide and the servers can keep the old ones' state until it has been carried over.
@@ -41,7 +44,7 @@ class KeyLayout:
     """One user key's partitioning into server keys."""
 
     user_key: UserKey
-    plain_index: int
+    plain_index: int | str
     shape: tuple[int, ...]
     dtype: str
     server_keys: tuple[int, ...]
@@ -78,9 +81,12 @@ class ServerKeyTable:
         num_servers: parameter servers of the job (1 for a local store).
         bigarray_bound: MXNet's ``MXNET_KVSTORE_BIGARRAY_BOUND`` (elements): keys at least this
             big are split over all servers by MXNet itself.
+        str_index_is_name: the optimizer sees a str key itself (local store), not its init
+            order (dist store); see the module doc.
     """
 
-    def __init__(self, num_servers: int = 1, bigarray_bound: int = 1_000_000) -> None:
+    def __init__(self, num_servers: int = 1, bigarray_bound: int = 1_000_000, *,
+                 str_index_is_name: bool = False) -> None:
         if num_servers < 1 or bigarray_bound < 2:
             raise ValueError(f"num_servers={num_servers} and bigarray_bound={bigarray_bound} must be "
                              ">= 1 and >= 2")
@@ -94,6 +100,7 @@ class ServerKeyTable:
             raise ValueError(f"cannot place keys on {num_servers} servers with MXNet's key rule")
         self._next_on = [residue[s] for s in range(num_servers)]  # next key landing on server s
         self._str_keys = 0
+        self._str_index_is_name = str_index_is_name
         self.generation = 0
 
     def __contains__(self, user_key: UserKey) -> bool:
@@ -118,11 +125,10 @@ class ServerKeyTable:
             raise ValueError(f"key {user_key!r} was already initialised in the ScheduledKVStore")
         if self._layouts and isinstance(user_key, str) != isinstance(next(iter(self._layouts)), str):
             raise TypeError(f"key {user_key!r}: do not mix int and str keys in one KVStore (MXNet refuses it)")
-        if isinstance(user_key, str):
+        plain: int | str = user_key
+        if isinstance(user_key, str) and not self._str_index_is_name:
             plain = self._str_keys
             self._str_keys += 1
-        else:
-            plain = user_key
         shape = tuple(int(d) for d in shape)
         self._stripes[user_key] = self._place(math.prod(shape) * np.dtype(dtype).itemsize, math.prod(shape))
         layout = self._lay_out(user_key, plain, shape, np.dtype(dtype).name, partition_bytes)
@@ -151,7 +157,7 @@ class ServerKeyTable:
             pairs.append((old, new))
         return pairs
 
-    def _lay_out(self, user_key: UserKey, plain: int, shape: tuple[int, ...], dtype: str,
+    def _lay_out(self, user_key: UserKey, plain: int | str, shape: tuple[int, ...], dtype: str,
                  partition_bytes: float) -> KeyLayout:
         itemsize = np.dtype(dtype).itemsize
         size = min(partition_bytes, (self.bigarray_bound - 1) * itemsize)

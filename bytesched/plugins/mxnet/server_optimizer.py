@@ -44,7 +44,7 @@ _installed: "PartitionedOptimizer | None" = None  # the wrapper last unpickled i
 class Part:
     """Where a server key's elements live in its parameter."""
 
-    plain_index: int
+    plain_index: int | str
     start: int
     stop: int
     generation: int
