@@ -204,6 +204,75 @@ def test_set_up_errors_name_the_culprit() -> None:
         leader.close()
 
 
+class ThreadSum:
+    """A one-shot sum over threads, standing in for the backend's collective (``share_port``)."""
+
+    def __init__(self, parties: int) -> None:
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(parties, timeout=10)
+        self.total = 0
+
+    def __call__(self, value: int) -> int:
+        with self._lock:
+            self.total += value
+        self._barrier.wait()
+        return self.total
+
+
+def open_job(config: Config, world_size: int) -> tuple[list[Any], list[BaseException]]:
+    """Open every rank's end on threads with a shared ``share_port``; ends by rank, errors."""
+    share = ThreadSum(world_size)
+    ends: list[Any] = [None] * world_size
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            ends[rank] = open_channel(config, rank, world_size, share_port=share)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(config.channel_timeout_s + 5)
+    return ends, errors
+
+
+def test_unset_port_gives_each_job_a_free_port_shared_with_its_followers() -> None:
+    """Two jobs on one host without BYTESCHED_CHANNEL_PORT: no collision, each job's followers
+    reach their own rank 0 (issue #9: the heartbeat channel is open for every job)."""
+    config = make_config(None)  # type: ignore[arg-type]
+    jobs = [open_job(config, 2), open_job(config, 3)]
+    try:
+        for ends, errors in jobs:
+            assert not errors, errors
+        ports = [ends[0].port for ends, _ in jobs]
+        assert len(set(ports)) == 2 and all(ports), ports
+        for (ends, _), port in zip(jobs, ports):
+            assert ends[0].followers == list(range(1, len(ends)))
+            assert all(end.address == f"tcp://127.0.0.1:{port}" for end in ends)
+    finally:
+        for ends, _ in jobs:
+            for end in ends:
+                if end is not None:
+                    end.close(timeout=0.5)
+
+
+def test_rank0_that_cannot_listen_on_a_free_port_fails_its_followers_too() -> None:
+    """Rank 0 still takes part in the collective, so followers fail at once instead of waiting
+    for a port that never comes."""
+    config = make_config(None, channel_host="192.0.2.1")  # type: ignore[arg-type]  # TEST-NET: not ours
+    ends, errors = open_job(config, 2)
+    messages = sorted(str(e) for e in errors)
+    assert len(errors) == 2 and ends == [None, None], (ends, messages)
+    assert "rank 0 cannot listen on tcp://192.0.2.1:* (BYTESCHED_CHANNEL_HOST=192.0.2.1, " \
+           "BYTESCHED_CHANNEL_PORT unset: a free port)" in messages[0], messages
+    assert "rank 1: rank 0 could not open the channel on a free port of 192.0.2.1" in messages[1], messages
+    with pytest.raises(ValueError, match="rank 1 needs rank 0's port: set BYTESCHED_CHANNEL_PORT"):
+        ChannelFollower(config, 1, 2)
+
+
 def test_handshake_timeout_names_the_missing_rank() -> None:
     config = make_config(free_port(), timeout=1.0)
     follower_box: list[ChannelFollower] = []

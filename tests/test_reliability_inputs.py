@@ -125,3 +125,110 @@ def test_enqueue_before_start_and_after_shutdown_name_the_task() -> None:
     core.shutdown(2.0)
     with pytest.raises(RuntimeError, match=r"cannot enqueue .*grad\.w.*shut down"):
         core.enqueue(_Noop("grad.w", 0, 8))
+
+
+# -- API cases that must either work exactly like the plain optimizer or be refused by name ----
+
+class Transposed(nn.Module):
+    """A parameter stored transposed: its data and gradient are non-contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 6).t())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w
+
+
+class ComplexScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, dtype=torch.cfloat))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.cfloat) * self.w).abs()
+
+
+def shrink_weight(model: nn.Module, step: int) -> None:
+    if step == 0:  # the weight becomes (2, 8): the next gradient has another shape and size
+        model.weight.data = model.weight.data[:2].clone()
+
+
+API_CASES = {
+    "float64": (lambda: nn.Linear(4, 4).double(), (2, 4), torch.float64, None),
+    "float16": (lambda: nn.Linear(4, 4).half(), (2, 4), torch.float16, None),
+    "bfloat16": (lambda: nn.Linear(4, 4).to(torch.bfloat16), (2, 4), torch.bfloat16, None),
+    "complex64": (ComplexScale, (4,), torch.float32, None),
+    "non-contiguous": (Transposed, (2, 6), torch.float32, None),
+    "changes shape": (lambda: nn.Linear(8, 4, bias=False), (2, 8), torch.float32, shrink_weight),
+}
+
+
+@pytest.mark.parametrize("case", list(API_CASES))
+def test_unusual_parameters_train_exactly_like_the_plain_optimizer(one_rank_group: object, case: str) -> None:
+    """Dtypes other than float32, non-contiguous gradients and a parameter replaced by one of
+    another shape between steps (after ``synchronize()``, as updates cross the barrier) are
+    all-reduced and applied as the plain optimizer does."""
+    make, shape, dtype, between = API_CASES[case]
+    torch.manual_seed(0)
+    ours, plain = make(), make()
+    plain.load_state_dict(ours.state_dict())
+    x = torch.randn(*shape).to(dtype)
+    optimizers = [scheduled(ours, torch.optim.SGD(ours.parameters(), lr=0.1)),
+                  torch.optim.SGD(plain.parameters(), lr=0.1)]
+    try:
+        for step in range(3):
+            for model, optimizer in zip((ours, plain), optimizers):
+                optimizer.zero_grad()
+                model(x).float().sum().backward()
+                optimizer.step()
+                if between is not None:
+                    if model is ours:
+                        optimizer.synchronize()  # type: ignore[attr-defined]  # the update in flight lands first
+                    between(model, step)
+        optimizers[0].synchronize()  # type: ignore[attr-defined]
+        for (name, a), b in zip(ours.named_parameters(), plain.parameters()):
+            assert a.shape == b.shape and torch.equal(a, b), f"{case}: {name} differs from the plain optimizer's"
+    finally:
+        optimizers[0].close()  # type: ignore[attr-defined]
+
+
+def test_sparse_gradient_is_refused_by_name(one_rank_group: object) -> None:
+    model = nn.Embedding(10, 4, sparse=True)
+    optimizer = scheduled(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    try:
+        with pytest.raises(RuntimeError, match=r"'weight' has a sparse gradient.*nn\.Embedding\(sparse=False\)"):
+            model(torch.tensor([1, 2])).sum().backward()
+            optimizer.step()  # type: ignore[attr-defined]
+    finally:
+        optimizer.close(timeout=5)  # type: ignore[attr-defined]
+
+
+def test_two_models_with_the_same_parameter_names_share_one_core(one_rank_group: object) -> None:
+    """Duplicate task names: two optimizers (a GAN's) whose parameters are both called 'weight'
+    and 'bias' feed one Core; the Core tells the tasks apart, and both train exactly."""
+    torch.manual_seed(0)
+    models = [nn.Linear(4, 4), nn.Linear(4, 4)]
+    plains = [nn.Linear(4, 4), nn.Linear(4, 4)]
+    for model, plain in zip(models, plains):
+        plain.load_state_dict(model.state_dict())
+    ours = [scheduled(m, torch.optim.SGD(m.parameters(), lr=0.1)) for m in models]
+    theirs = [torch.optim.SGD(p.parameters(), lr=0.1) for p in plains]
+    x = torch.randn(2, 4)
+    try:
+        assert ours[0].core is ours[1].core  # type: ignore[attr-defined]
+        for _ in range(3):
+            for net_list, opt_list in ((models, ours), (plains, theirs)):
+                for opt in opt_list:
+                    opt.zero_grad()
+                (net_list[1](net_list[0](x))).sum().backward()  # both models' gradients in one backward
+                for opt in opt_list:
+                    opt.step()
+        for opt in ours:
+            opt.synchronize()  # type: ignore[attr-defined]
+        for model, plain in zip(models, plains):
+            for a, b in zip(model.parameters(), plain.parameters()):
+                assert torch.equal(a, b)
+    finally:
+        for opt in ours:
+            opt.close()  # type: ignore[attr-defined]

@@ -6,7 +6,10 @@ rank 0 (the tuner's partition, credit and switch step) and reports from follower
 (:meth:`ChannelFollower.report`, :meth:`ChannelLeader.gather`).
 
 Transport. Rank 0 binds one ZeroMQ ROUTER socket to ``BYTESCHED_CHANNEL_HOST:PORT`` (that
-interface only); each follower connects a DEALER to it and says hello. ZeroMQ keeps one queue per
+interface only); each follower connects a DEALER to it and says hello. When the port is not set,
+rank 0 binds a free port and :func:`open_channel` hands it to the followers through the caller's
+``share_port`` collective (the plugin's backend broadcast), so two jobs on one host never collide;
+callers without a collective fall back to :data:`DEFAULT_PORT`. ZeroMQ keeps one queue per
 peer and the leader publishes nothing before every follower said hello, so no announcement is
 lost to a late joiner (PUB/SUB's slow-joiner problem). Each end has one I/O thread that owns its
 socket and sleeps in a blocking poll; other threads hand it messages through a queue and a
@@ -46,6 +49,7 @@ seconds, then drops whatever is left (LINGER 0): :meth:`close` never hangs.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import hmac
@@ -81,6 +85,8 @@ MAX_ORDER_KEYS = 512
 MAX_BACKLOG = 100_000
 """Messages held for a kind nobody subscribed to yet (or reports not gathered yet)."""
 HEARTBEAT_S = 1.0
+DEFAULT_PORT = 29517
+"""Rank 0's port when BYTESCHED_CHANNEL_PORT is unset and the caller cannot share a free one."""
 CLOSE_TIMEOUT_S = 2.0
 REJECT_LOG_INTERVAL_S = 10.0
 
@@ -323,7 +329,11 @@ def _check_config(config: Config, world_size: int, rank: int) -> None:
         raise ValueError(f"world_size={world_size!r}: the rank-0 channel connects 2 or more ranks")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank={rank!r} is not in 0..{world_size - 1}")
-    if not isinstance(config.channel_port, int) or not 1 <= config.channel_port <= 65535:
+    if config.channel_port is None:
+        if rank != 0:
+            raise ValueError(f"rank {rank} needs rank 0's port: set BYTESCHED_CHANNEL_PORT or open the channel "
+                             f"with open_channel(share_port=...)")
+    elif not isinstance(config.channel_port, int) or not 1 <= config.channel_port <= 65535:
         raise ValueError(f"BYTESCHED_CHANNEL_PORT={config.channel_port!r} is not a TCP port (1..65535)")
     if not config.channel_host:
         raise ValueError("BYTESCHED_CHANNEL_HOST is empty: give the address rank 0 listens on")
@@ -342,7 +352,8 @@ class _Endpoint(ABC):
         self.rank = rank
         self.world_size = world_size
         host = config.channel_host
-        self.address = f"tcp://[{host}]:{config.channel_port}" if ":" in host else f"tcp://{host}:{config.channel_port}"
+        port = "*" if config.channel_port is None else config.channel_port  # "*": a free port
+        self.address = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         self.timeout = config.channel_timeout_s
         self.liveness_timeout = min(config.channel_timeout_s, config.fault_timeout_s or math.inf)
         self._liveness_variable = ("BYTESCHED_FAULT_TIMEOUT_S" if self.liveness_timeout == config.fault_timeout_s
@@ -604,9 +615,12 @@ class ChannelLeader(_Endpoint):
             self._socket.bind(self.address)
         except zmq.ZMQError as exc:
             self._discard()
+            port = " unset: a free port" if config.channel_port is None else f"={config.channel_port}"
             raise ChannelError(f"rank 0 cannot listen on {self.address} (BYTESCHED_CHANNEL_HOST="
-                               f"{config.channel_host}, BYTESCHED_CHANNEL_PORT={config.channel_port}): "
+                               f"{config.channel_host}, BYTESCHED_CHANNEL_PORT{port}): "
                                f"{exc.strerror}") from None
+        self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port if it was "*"
+        self.port = int(self.address.rsplit(":", 1)[1])
         self._by_route: dict[bytes, _Peer] = {}
         self._peers: dict[int, _Peer] = {}
         self._reports: dict[str, dict[int, deque[dict[str, Any]]]] = {}
@@ -885,17 +899,34 @@ class ChannelFollower(_Endpoint):
 
 
 def open_channel(config: Config, rank: int, world_size: int, *,
-                 on_failure: Callable[[ChannelError], None] | None = None) -> ChannelLeader | ChannelFollower:
+                 on_failure: Callable[[ChannelError], None] | None = None,
+                 share_port: Callable[[int], int] | None = None) -> ChannelLeader | ChannelFollower:
     """This rank's end of the rank-0 channel, once every rank is connected.
 
     Rank 0 listens and waits for every follower's hello; a follower connects and waits for rank
     0's welcome; both up to ``BYTESCHED_CHANNEL_TIMEOUT_S``, then ChannelError naming who is
     missing. ``on_failure(error)`` is called (on the channel's thread) if a peer is later lost.
+
+    ``share_port(port) -> port`` is a collective every rank calls (a broadcast of one int from rank
+    0, e.g. over Horovod): with it and no ``BYTESCHED_CHANNEL_PORT``, rank 0 listens on a free port
+    and the followers learn it, so jobs sharing a host do not collide. Rank 0 takes part even when
+    it cannot listen (it shares 0), so the followers fail with a message instead of waiting.
     """
+    if config.channel_port is None and share_port is None:
+        config = dataclasses.replace(config, channel_port=DEFAULT_PORT)
     end: ChannelLeader | ChannelFollower
     if rank == 0:
-        end = ChannelLeader(config, world_size, on_failure=on_failure)
+        if config.channel_port is not None:
+            end = ChannelLeader(config, world_size, on_failure=on_failure)
+        else:
+            end = _lead_on_free_port(config, world_size, on_failure, share_port)
     else:
+        if config.channel_port is None:
+            port = share_port(0)
+            if port == 0:
+                raise ChannelError(f"rank {rank}: rank 0 could not open the channel on a free port of "
+                                   f"{config.channel_host} (its log says why)")
+            config = dataclasses.replace(config, channel_port=port)
         end = ChannelFollower(config, rank, world_size, on_failure=on_failure)
     try:
         end.wait_for_followers() if isinstance(end, ChannelLeader) else end.wait_for_leader()
@@ -905,8 +936,25 @@ def open_channel(config: Config, rank: int, world_size: int, *,
     return end
 
 
+def _lead_on_free_port(config: Config, world_size: int, on_failure: Callable[[ChannelError], None] | None,
+                       share_port: Callable[[int], int]) -> ChannelLeader:
+    """Rank 0 listens on a free port and shares it; it shares 0 if it cannot listen, so the
+    followers, who wait in the same collective, fail too instead of hanging."""
+    try:
+        leader = ChannelLeader(config, world_size, on_failure=on_failure)
+    except BaseException:
+        share_port(0)
+        raise
+    try:
+        share_port(leader.port)
+    except BaseException:
+        leader.close(timeout=0)
+        raise
+    return leader
+
+
 __all__ = [
     "ChannelError", "ChannelLeader", "ChannelFollower", "FrameCodec", "MessageType", "PeerLost", "Rejected",
-    "open_channel", "encode_order", "decode_order", "encode_typed", "decode_typed", "check_kind",
+    "open_channel", "DEFAULT_PORT", "encode_order", "decode_order", "encode_typed", "decode_typed", "check_kind",
     "MAX_FRAME_BYTES", "MAX_ORDER_KEYS", "MAX_NAME_BYTES",
 ]

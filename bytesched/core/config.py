@@ -97,7 +97,7 @@ class Config:
     timeline: str | None = None
     log_level: str = "WARNING"
     channel_host: str = "127.0.0.1"
-    channel_port: int = 29517
+    channel_port: int | None = None  # None: rank 0 picks a free port and the plugin shares it
     channel_timeout_s: float = 60.0
     job_token: str = ""
     stall_warning_s: float = 60.0
@@ -223,8 +223,11 @@ VARIABLES: tuple[Variable, ...] = (
              "Log level of the 'bytesched' logger."),
     Variable("BYTESCHED_CHANNEL_HOST", "channel_host", _text, "127.0.0.1",
              "Address rank 0 binds its control channel to (and followers connect to)."),
-    Variable("BYTESCHED_CHANNEL_PORT", "channel_port", _port, "29517",
-             "TCP port of rank 0's control channel."),
+    Variable("BYTESCHED_CHANNEL_PORT", "channel_port", _port, "(a free port)",
+             "TCP port of rank 0's control channel. Unset: rank 0 listens on a free port and tells the "
+             "other ranks through the backend's own broadcast (PyTorch plugin), so jobs on one host do "
+             "not collide; a plugin without such a broadcast (MXNet) uses 29517 unless its launcher "
+             "sets one (bytesched launch does)."),
     Variable("BYTESCHED_CHANNEL_TIMEOUT_S", "channel_timeout_s", _positive_float, "60",
              "Seconds to wait for peers on the control channel before failing."),
     Variable("BYTESCHED_JOB_TOKEN", "job_token", _text, "(derived from the launcher)",
