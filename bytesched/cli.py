@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "bytesched.sim.profile_command",
     "bytesched.doctor",
     "bytesched.launch.cli",
+    "bytesched.analysis.timeline_command",
 )
 
 

@@ -90,21 +90,26 @@ def check_tuning() -> Finding:
                    required=False)
 
 
+def check_docs() -> Finding:
+    ok, out = _probe("import mkdocs, material; print('mkdocs', mkdocs.__version__, 'with the Material theme')")
+    return Finding("mkdocs (documentation site)", ok, out,
+                   "" if ok else "pip install -c requirements/constraints.txt mkdocs mkdocs-material", required=False)
+
+
 def check_shaping() -> Finding:
-    """Network emulation for benchmarks needs root, iproute2's ip and tc, and the tbf qdisc."""
-    missing = [tool for tool in ("ip", "tc")
-               if shutil.which(tool) is None and shutil.which(tool, path="/usr/sbin:/sbin") is None]
-    if missing:
-        return Finding("network shaping", False, f"{' and '.join(missing)} not found",
-                       "apt-get install iproute2", required=False)
-    if os.geteuid() != 0:
-        return Finding("network shaping", False, "needs root (ip netns, tc)",
-                       "run benchmarks as root to emulate a slower network", required=False)
-    return Finding("network shaping", True, "root with ip and tc: namespaces and tbf are usable")
+    """Network emulation for benchmarks needs Linux, root, and iproute2's ip and tc; the
+    emulation module's own test decides, so the doctor and the benchmarks always agree."""
+    ok, out = _probe("from bytesched.emulation.network import unavailable_reason; "
+                     "print(unavailable_reason() or 'usable: root with ip and tc')")
+    if ok and out.startswith("usable"):
+        return Finding("network shaping", True, out, required=False)
+    return Finding("network shaping", False, out,
+                   "run benchmarks as root with iproute2 installed to emulate a slower network", required=False)
 
 
 CHECKS: tuple[Callable[[], Finding], ...] = (
-    check_torch, check_mxnet_numpy, check_horovod, check_proxies, check_channel, check_tuning, check_shaping,
+    check_torch, check_mxnet_numpy, check_horovod, check_proxies, check_channel, check_tuning, check_docs,
+    check_shaping,
 )
 
 

@@ -1,0 +1,80 @@
+"""Every script in examples/ runs, in a tiny configuration, so none of them rots.
+
+The trainings must also learn: each prints its test accuracy, which must beat chance (10%)
+clearly. The synthetic benchmark records a BYTESCHED_TIMELINE, which `bytesched timeline`
+must then read: a real two-rank trace end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, require, require_executable, run_job
+
+EXAMPLES = REPO_ROOT / "examples"
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(420)]  # generous: the machine may be shared
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accuracies(output: str) -> list[float]:
+    return [float(a) for a in re.findall(r"test accuracy ([\d.]+)%", output)]
+
+
+def test_pytorch_synthetic_benchmark_with_a_timeline_read_by_bytesched_timeline(tmp_path: Path) -> None:
+    horovodrun = require_executable("horovodrun")
+    require("horovod.torch", "Horovod with PyTorch")
+    result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                      EXAMPLES / "pytorch_synthetic_benchmark.py", "--bytesched", "--num-warmup", "1",
+                      "--num-batches-per-iter", "2", "--num-iters", "2", "--batch-size", "8"],
+                     timeout=300, env={**os.environ, "BYTESCHED_TIMELINE": str(tmp_path / "tl.json")})
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Total img/sec on 2 CPU rank(s)" in result.stdout
+    proc = subprocess.run([sys.executable, "-m", "bytesched.cli", "timeline", str(tmp_path / "tl.json"), "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ranks"] == [0, 1]
+    steps = [s for s in report["steps"] if s["rank"] == 0]
+    assert len(steps) == 1 + 2 * 2  # warm-up and timed steps, one task instance each
+    # The CNN's 10 tensors, fc1.weight (4 MiB) split at the default 4 MB partition size: 11 partitions.
+    assert all(s["subtasks"] == 11 for s in steps)
+    assert all(s["iteration_s"] > 0 and s["comm_s"] > 0 for s in steps[:-1])
+
+
+def test_pytorch_cnn_learns_under_torchrun() -> None:
+    torchrun = require_executable("torchrun")
+    result = run_job([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+                      EXAMPLES / "pytorch_train_cnn.py", "--epochs", "2", "--train-size", "256"], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert accuracies(result.stdout)[-1] > 25, result.stdout
+
+
+def test_mxnet_gluon_with_scheduled_kvstore_via_bytesched_launch() -> None:
+    bytesched = require_executable("bytesched")
+    require("mxnet", "MXNet")
+    result = run_job([bytesched, "launch", "--servers", "1", "--workers", "2", "--", sys.executable,
+                      EXAMPLES / "mxnet_gluon_ps.py", "--epochs", "2", "--train-size", "256"], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    final = accuracies(result.stdout)[-2:]
+    assert len(final) == 2 and min(final) > 50, result.stdout
+
+
+def test_mxnet_over_horovod() -> None:
+    horovodrun = require_executable("horovodrun")
+    result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                      EXAMPLES / "mxnet_horovod.py", "--epochs", "2", "--train-size", "256"], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert accuracies(result.stdout)[-1] > 50, result.stdout
