@@ -14,6 +14,8 @@ BENCHMARKS: tuple[str, ...] = (
     "bytesched.bench.core",
     "bytesched.tuning.study",
     "bytesched.sim.benchmark",
+    "bytesched.bench.emulated",
+    "bytesched.bench.soak",
 )
 
 

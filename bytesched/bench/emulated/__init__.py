@@ -1,0 +1,27 @@
+"""``bytesched bench emulated``: measured throughput of real training stacks on an emulated network.
+
+Each *cell* (framework x model x bandwidth x ranks x configuration) runs real Horovod/Gloo,
+torch.distributed or ps-lite transfers between processes of this machine, inside network
+namespaces whose links ``tc tbf`` shapes to the cell's bandwidth. Compute is either a real small
+model or *emulated*: layers that own real parameter tensors with a simulator profile's sizes and
+sleep for its per-layer times, so the CPUs stay free for communication. Every cell is also
+predicted by ``bytesched.sim`` on the same topology, and the report compares the two.
+
+Modules: :mod:`.scaling` (profile -> the scaled profile a cell runs), :mod:`.torch_compute` and
+:mod:`.mxnet_compute` (the models), :mod:`.torch_worker` and :mod:`.mxnet_worker` (the ranks),
+:mod:`.protocol` (worker options and result lines), :mod:`.configs` (vanilla and the policies),
+:mod:`.cells` (the matrix and its order), :mod:`.runner` (jobs on ``bytesched.emulation``'s
+clusters), :mod:`.prediction` (the simulator's view of a cell), :mod:`.results` (JSON and
+statistics), :mod:`.report` (markdown and plots), :mod:`.command` (the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bytesched bench emulated``. The command module (and the emulation and simulator it
+    needs) is imported here, not at package import, so the worker entry scripts start lean."""
+    from .command import register as register_command
+    register_command(subparsers)

@@ -1,0 +1,194 @@
+"""``bytesched bench emulated``: run the matrix (or part of it) and write JSON, markdown and plots.
+
+    bytesched bench emulated --json out.json --docs           # the full matrix (hours)
+    bytesched bench emulated --quick --json quick.json        # one small cell per framework
+    bytesched bench emulated --report out.json                # regenerate docs from a JSON
+
+Ctrl-C stops the running job and deletes the emulated network (the cluster context does it);
+what was measured so far is still written to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ...core.config import ConfigError, parse_size
+from ...emulation import parse_rate, unavailable_reason
+from ...sim.predict import simulate
+from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
+from .configs import CONFIGURATIONS
+from .prediction import predict_group
+from .report import markdown, plot, write_section
+from .results import FORMAT, load, merge, save
+from .runner import Workload, run_groups
+from .scaling import Scale, balanced_time_scale, scaled_profile
+
+REPO = Path(__file__).resolve().parents[3]
+SIM_TOPOLOGY = {"veth": "full-duplex", "loopback": "shared"}
+QUICK = {"models": "vgg16", "bandwidths": "1gbit", "ranks": "2", "configs": "vanilla,bytescheduler", "repeats": 1,
+         "steps": 3, "warmup": 1, "gradient_bytes": "4MB"}
+"""What --quick sets (the frameworks stay selectable); each framework then runs one job
+(:func:`~.cells.quick`)."""
+
+
+def _names(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, of: " + ", ".join(FRAMEWORKS))
+    parser.add_argument("--models", default="vgg16,transformer",
+                        help="simulator profiles (emulated compute) or " + ", ".join(REAL_MODELS) + " (real compute)")
+    parser.add_argument("--bandwidths", default="0.5gbit,1gbit,2.5gbit,5gbit,10gbit")
+    parser.add_argument("--ranks", default="2,4", help="rank counts (one emulated host per rank)")
+    parser.add_argument("--configs", default=",".join(CONFIGURATIONS), help="of: " + ", ".join(CONFIGURATIONS))
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per group")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    parser.add_argument("--gradient-bytes", default="24MB",
+                        help="scale each profile's gradients to this many bytes per iteration")
+    parser.add_argument("--balance-at", default="1gbit",
+                        help="scale compute times so compute = communication at this bandwidth")
+    parser.add_argument("--size-scale", type=float, help="explicit size scale (overrides --gradient-bytes)")
+    parser.add_argument("--time-scale", type=float, help="explicit time scale (overrides --balance-at)")
+    parser.add_argument("--topology", choices=tuple(SIM_TOPOLOGY), default="veth",
+                        help="veth: a namespace per host, links shaped per direction; loopback: one shared medium")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per job before it is stopped")
+    parser.add_argument("--quick", action="store_true",
+                        help="one small job per framework: vgg16 scaled to 4 MB, 1 Gbit/s, 2 ranks, 3 steps; "
+                             "vanilla and bytescheduler, or bytescheduler alone where a job runs one configuration")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--docs", action="store_true", help="also write docs/benchmarks.md's section and plots")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="do not run: regenerate docs/benchmarks.md's section and plots from these results files")
+    parser.add_argument("--docs-file", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--img-dir", type=Path, default=REPO / "docs" / "img")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``emulated`` under ``bytesched bench``."""
+    build_parser(subparsers.add_parser(
+        "emulated", help="training throughput on an emulated network, against vanilla and the simulator",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def workload(model: str, args: argparse.Namespace, ranks: int) -> tuple[Workload, dict[str, Any]]:
+    """The scaled workload of ``model`` and its description for the results."""
+    if model in REAL_MODELS:
+        return (Workload(model, 1.0, 1.0, args.steps, args.warmup),
+                {"size_scale": 1.0, "time_scale": 1.0, "gradient_bytes": 0, "compute_seconds": 0.0, "real": True})
+    unscaled = scaled_profile(model, Scale())
+    size = args.size_scale or parse_size(args.gradient_bytes, name="--gradient-bytes") / unscaled.nbytes
+    sized = scaled_profile(model, Scale(size, 1.0))
+    if args.time_scale:
+        time_scale = args.time_scale
+    else:
+        balance = parse_rate(args.balance_at)
+        communication = simulate(sized, policies=["fifo"], workers=ranks, bandwidth=balance / 8,
+                                     topology=SIM_TOPOLOGY[args.topology]).predictions[0].communication_time
+        time_scale = balanced_time_scale(sized, communication)
+    profile = scaled_profile(model, Scale(size, time_scale))
+    return (Workload(model, size, time_scale, args.steps, args.warmup),
+            {"size_scale": size, "time_scale": time_scale, "gradient_bytes": profile.nbytes,
+             "compute_seconds": profile.compute_time, "balance_at": args.balance_at, "real": False})
+
+
+def _loadavg() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the selected matrix; the results (also when interrupted: what was measured so far)."""
+    bandwidths = [parse_rate(b) for b in _names(args.bandwidths)]
+    ranks = [int(r) for r in _names(args.ranks)]
+    matrix, skipped = groups(_names(args.frameworks), _names(args.models), bandwidths, ranks, _names(args.configs))
+    if args.quick:
+        matrix = [quick(group) for group in matrix]
+    described = {m: workload(m, args, min(ranks)) for m in _names(args.models)}
+    workloads = {m: w for m, (w, _) in described.items()}
+    command = shlex.join(["bytesched", "bench", "emulated", *sys.argv[sys.argv.index("emulated") + 1:]]
+                         if "emulated" in sys.argv else sys.argv)
+    results: dict[str, Any] = {
+        "format": FORMAT,
+        "meta": {"command": command, "started": datetime.datetime.now().isoformat(timespec="seconds"),
+                 "cpus": os.cpu_count(), "pid": os.getpid(), "loadavg": {"start": _loadavg()},
+                 "repeats": args.repeats,
+                 "steps": args.steps, "warmup": args.warmup, "topology": args.topology,
+                 "sim_topology": SIM_TOPOLOGY[args.topology], "networks": []},
+        "workloads": {m: d for m, (_, d) in described.items()},
+        "groups": [],
+        "not_run": [{"framework": f, "config": c, "reason": "does not exist on this framework"} for f, c in skipped],
+    }
+    entries: dict[tuple, dict[str, Any]] = {}
+    for group in matrix:
+        entry = {"framework": group.framework.name, "model": group.model, "bits_per_second": group.bits_per_second,
+                 "ranks": group.ranks, "configs": [c.name for c in group.configurations], "runs": [],
+                 "failures": [], "retried": []}
+        if group.model not in REAL_MODELS:
+            profile = scaled_profile(group.model, Scale(workloads[group.model].size_scale,
+                                                        workloads[group.model].time_scale))
+            entry["prediction"] = predict_group(group, profile, SIM_TOPOLOGY[args.topology])
+        entries[group.key] = entry
+        results["groups"].append(entry)
+
+    def record(group: Group, run: dict[str, Any]) -> None:
+        entries[group.key]["runs"].append(run)
+
+    def failed(group: Group, configs: list[str], reason: str, final: bool) -> None:
+        entries[group.key]["failures" if final else "retried"].append({"configs": configs, "reason": reason})
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+        if message.startswith("network: "):
+            results["meta"]["networks"].append(message[len("network: "):])
+
+    say(f"{len(matrix)} groups, {sum(len(g.configurations) for g in matrix) * args.repeats} runs; "
+        f"workloads: " + "; ".join(f"{m} sizes x{d['size_scale']:.4g} times x{d['time_scale']:.4g}"
+                                   for m, d in results["workloads"].items()))
+    try:
+        run_groups(matrix, workloads, args.repeats, args.topology, args.timeout, record, failed, say)
+    finally:
+        results["meta"]["loadavg"]["end"] = _loadavg()
+        results["meta"]["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+        if args.json is not None:
+            save(results, args.json)
+            print(f"results written to {args.json}", flush=True)
+    return results
+
+
+def write_docs(results: dict[str, Any], args: argparse.Namespace) -> None:
+    images = plot(results, args.img_dir)
+    write_section(args.docs_file, markdown(results, images, args.docs_file))
+    print(f"wrote {args.docs_file} and {len(images)} plot(s) in {args.img_dir}", flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.report is not None:
+            write_docs(merge([load(path) for path in args.report]), args)
+            return 0
+        if args.quick:
+            for name, value in QUICK.items():
+                setattr(args, name, value)
+        reason = unavailable_reason()
+        if reason is not None:
+            print(f"bytesched bench emulated: cannot build the emulated network: {reason}", file=sys.stderr)
+            return 2
+        results = run(args)
+    except (ValueError, ConfigError) as error:
+        print(f"bytesched bench emulated: {error}", file=sys.stderr)
+        return 2
+    if args.docs:
+        write_docs(merge([results]), args)
+    failures = sum(len(g["failures"]) for g in results["groups"])
+    if failures:
+        print(f"{failures} job(s) failed twice; their runs are missing from the results", file=sys.stderr)
+    return 1 if failures else 0

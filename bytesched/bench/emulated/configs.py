@@ -1,0 +1,59 @@
+"""The configurations a cell compares: what the framework does alone, and bytesched's policies.
+
+A configuration says whether gradients go through bytesched (and with which policy and sizes)
+and which environment the whole job needs (``HOROVOD_AUTOTUNE``, ``BYTESCHED_TUNING``): those are
+read once per process, so configurations with different ``env`` never share a job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...core.config import SchedulingParams
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One column of the matrix."""
+
+    name: str
+    description: str
+    policy: str | None = None
+    """bytesched's policy; None: the framework's own communication (the baseline)."""
+    params: SchedulingParams = SchedulingParams()
+    env: tuple[tuple[str, str], ...] = field(default=())
+    simulated_as: str = "vanilla"
+    """The simulator policy that models it (the simulator has no Horovod autotune)."""
+
+    @property
+    def scheduled(self) -> bool:
+        return self.policy is not None
+
+
+UNLIMITED = SchedulingParams(partition_bytes=math.inf, credit_bytes=math.inf)
+
+CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
+    Configuration("vanilla", "the framework alone (Horovod, hand-written all-reduce, or KVStore)"),
+    Configuration("autotune", "plain Horovod with HOROVOD_AUTOTUNE=1", env=(("HOROVOD_AUTOTUNE", "1"),)),
+    Configuration("bytescheduler", "bytesched, bytescheduler policy, fixed 4 MB partitions / 16 MB credit",
+                  policy="bytescheduler", simulated_as="bytescheduler"),
+    Configuration("tuned", "bytesched, bytescheduler policy, auto-tuned (BYTESCHED_TUNING=1)",
+                  policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
+    Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
+                  policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
+    Configuration("fifo", "bytesched, fifo policy", policy="fifo", simulated_as="fifo"),
+    Configuration("p3", "bytesched, p3 policy (160 KB slices, one in flight)", policy="p3", simulated_as="p3"),
+    Configuration("prophet", "bytesched, prophet policy", policy="prophet", simulated_as="prophet"),
+    Configuration("tictac", "bytesched, tictac policy", policy="tictac", simulated_as="tictac"),
+)}
+
+BASELINE = "vanilla"
+
+
+def configuration(name: str) -> Configuration:
+    """The configuration called ``name``; ValueError listing the known ones otherwise."""
+    try:
+        return CONFIGURATIONS[name]
+    except KeyError:
+        raise ValueError(f"configuration {name!r} is unknown: expected one of {', '.join(CONFIGURATIONS)}") from None

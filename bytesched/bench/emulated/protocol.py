@@ -1,0 +1,63 @@
+"""How a worker reports a measured run to the harness: one ``BENCH-RESULT {json}`` line on rank 0.
+
+The launchers prefix every output line with the rank (``[0]<stdout>:``, ``[worker 0] ``...), so
+the harness looks for the marker anywhere in a line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Iterable
+
+MARKER = "BENCH-RESULT "
+
+
+def emit(record: dict[str, Any]) -> None:
+    """Print one result line (flushed at once: the harness shows progress as lines arrive)."""
+    sys.stdout.write(MARKER + json.dumps(record, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def parse(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Every result record found in ``lines``."""
+    records = []
+    for line in lines:
+        at = line.find(MARKER)
+        if at >= 0:
+            records.append(json.loads(line[at + len(MARKER):]))
+    return records
+
+
+def worker_parser(description: str) -> argparse.ArgumentParser:
+    """The options every worker entry script takes (the harness builds them in :func:`worker_argv`)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--backend", required=True, help="horovod, torch or ps (framework-specific)")
+    parser.add_argument("--model", required=True, help="a simulator profile name (emulated compute) or a real model")
+    parser.add_argument("--size-scale", type=float, default=1.0)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--steps", type=int, required=True, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, required=True, help="untimed steps before them")
+    parser.add_argument("--runs", required=True, type=parse_runs,
+                        help="CONFIG@ROUND,... in the order to run them")
+    return parser
+
+
+def parse_runs(text: str) -> list[tuple[str, int]]:
+    """``vanilla@0,p3@0`` -> [("vanilla", 0), ("p3", 0)]."""
+    runs = []
+    for item in text.split(","):
+        name, at, number = item.partition("@")
+        if not at or not number.isdigit():
+            raise argparse.ArgumentTypeError(f"run {item!r}: expected CONFIG@ROUND")
+        runs.append((name, int(number)))
+    return runs
+
+
+def worker_argv(backend: str, model: str, size_scale: float, time_scale: float, steps: int, warmup: int,
+                runs: Iterable[tuple[str, int]]) -> list[str]:
+    """The worker options for one job (the inverse of :func:`worker_parser`)."""
+    return ["--backend", backend, "--model", model, "--size-scale", repr(size_scale),
+            "--time-scale", repr(time_scale), "--steps", str(steps), "--warmup", str(warmup),
+            "--runs", ",".join(f"{name}@{number}" for name, number in runs)]

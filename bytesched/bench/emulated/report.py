@@ -1,0 +1,202 @@
+"""The report: a markdown section for docs/benchmarks.md (between markers, so the rest of the
+page is never touched) and one PNG of speedup against bandwidth per framework and model."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ...emulation import format_rate
+from .configs import BASELINE, CONFIGURATIONS
+from .results import Spread, summarize
+
+BEGIN = "<!-- emulated:begin -->"
+END = "<!-- emulated:end -->"
+TITLE = "## Training on an emulated network"
+
+
+def _spread(value: Spread | None, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "not run"
+    if value.count == 1:
+        return f"{value.median:.{digits}f}{suffix} (1 run)"
+    return f"{value.median:.{digits}f}{suffix} [{value.low:.{digits}f}-{value.high:.{digits}f}]"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.0f}%"
+
+
+def _number(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def group_title(group: dict[str, Any]) -> str:
+    return (f"{group['framework']}, {group['model']}, {format_rate(group['bits_per_second'])}, "
+            f"{group['ranks']} ranks")
+
+
+def group_table(group: dict[str, Any]) -> list[str]:
+    """The markdown table of one group, plus its ideal speedup and failures."""
+    lines = [f"**{group_title(group)}**", "",
+             "| configuration | samples/s median [min-max] | speedup over vanilla [min-max] | predicted samples/s "
+             "| predicted speedup | prediction error |", "|---|---|---|---|---|---|"]
+    for cell in summarize(group):
+        lines.append(f"| {cell.config} | {_spread(cell.throughput)} | {_spread(cell.speedup, 2, 'x')} "
+                     f"| {_number(cell.predicted_throughput)} | {_number(cell.predicted_speedup, 2, 'x')} "
+                     f"| {_percent(cell.error)} |")
+    prediction = group.get("prediction")
+    if prediction:
+        lines += ["", f"Simulator: compute {prediction['compute_time'] * 1e3:.0f} ms and communication "
+                      f"{prediction['communication_time'] * 1e3:.0f} ms per iteration at full bandwidth; ideal "
+                      f"speedup (zero overhead, perfect overlap) {prediction['ideal_speedup']:.2f}x."]
+    retried = group.get("retried", [])
+    if retried:
+        lines += ["", f"{len(retried)} job(s) failed once and were run again (first failure: "
+                      f"`{retried[0]['reason'].strip().splitlines()[-1][:160]}`)."]
+    for failure in group.get("failures", []):
+        reason = failure["reason"].strip().splitlines()
+        lines += ["", f"Not measured: {', '.join(failure['configs'])}: `{reason[0][:200]}`"
+                      + (f" (last line: `{reason[-1][:200]}`)" if len(reason) > 1 else "")]
+    return lines
+
+
+def targets(results: dict[str, Any]) -> list[str]:
+    """The issue's targets, checked against these numbers (met / missed, with the figures)."""
+    lines = []
+    errors: list[tuple[float, str]] = []
+    for group in results["groups"]:
+        cells = {c.config: c for c in summarize(group)}
+        title = group_title(group)
+        for cell in cells.values():
+            if cell.error is not None:
+                errors.append((abs(cell.error), f"{cell.config} in {title}"))
+        off = cells.get("off")
+        if off is not None and off.speedup is not None:
+            verdict = "met" if off.speedup.median >= 0.99 else "missed"
+            lines.append(f"- Scheduling off >= 0.99x vanilla, {title}: {off.speedup.median:.2f}x ({verdict}).")
+        fixed = cells.get("bytescheduler")
+        ideal = (group.get("prediction") or {}).get("ideal_speedup")
+        if fixed is not None and fixed.speedup is not None and ideal and group["framework"] != "mxnet-ps":
+            share = fixed.speedup.median / ideal
+            others = [c for c in cells.values() if c.config not in (BASELINE, "bytescheduler") and c.speedup]
+            ahead = all(fixed.speedup.median > c.speedup.median for c in others)
+            lines.append(f"- bytescheduler >= 90% of the ideal speedup, {title}: {fixed.speedup.median:.2f}x of "
+                         f"{ideal:.2f}x = {share * 100:.0f}% ({'met' if share >= 0.9 else 'missed'}); ahead of "
+                         f"every other configuration: {'yes' if ahead else 'no'}.")
+        if fixed is not None and fixed.speedup is not None and group["framework"] == "mxnet-ps":
+            verdict = "met" if fixed.speedup.median >= 1.5 else "missed"
+            lines.append(f"- MXNet PS bytesched >= 1.5x plain KVStore, {title}: {fixed.speedup.median:.2f}x "
+                         f"({verdict}).")
+    if errors:
+        worst = max(errors)
+        median = statistics.median(e for e, _ in errors)
+        lines.append(f"- Simulator median |prediction error| <= 10%: {median * 100:.0f}% over {len(errors)} cells "
+                     f"({'met' if median <= 0.10 else 'missed'}); worst {worst[0] * 100:.0f}% ({worst[1]}).")
+    return lines
+
+
+def _source(meta: dict[str, Any]) -> list[str]:
+    load = meta.get("loadavg", {})
+    return [f"    {meta['command']}", "",
+            f"started {meta['started']} on {meta['cpus']} cores, 1-minute load average {load.get('start', '?')} "
+            f"at the start and {load.get('end', '?')} at the end; {meta['repeats']} round(s) of {meta['steps']} "
+            f"timed steps after {meta['warmup']} warm-up step(s); networks: {'; '.join(meta['networks'])} (simulated as "
+            f"topology `{meta['sim_topology']}`, overhead and latency at the simulator's defaults).", ""]
+
+
+def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:
+    """The whole generated section, markers included (``results`` as :func:`~.results.merge` makes it)."""
+    lines = [BEGIN, TITLE, "",
+             "Generated by `bytesched bench emulated --report` from the results of", ""]
+    for meta in results["sources"]:
+        lines += _source(meta)
+    lines += ["**The machine was shared with other engineers' jobs while this ran**: every figure is noisy. "
+              "Speedups are pairwise: each round ran every configuration once (in a rotating order), and a "
+              "configuration's speedup in a round is its samples/s over vanilla's in the same round; cells show "
+              "the median and range over the rounds.", "",
+              "Compute is emulated: every layer of the simulator profile owns real float32 parameters and sleeps "
+              "for its forward and backward time, so gradients go through the real hooks and transfers while the "
+              "CPUs stay free. Profiles are scaled to fit this machine (sizes and times separately):", "",
+              "| model | size scale | gradients per iteration | time scale | compute per iteration |",
+              "|---|---|---|---|---|"]
+    for name, w in results["workloads"].items():
+        lines.append(f"| {name} | {w['size_scale']:.4g} | {w['gradient_bytes'] / 1e6:.1f} MB | "
+                     f"{w['time_scale']:.4g} | {w['compute_seconds'] * 1e3:.0f} ms |")
+    lines += ["", "Configurations: " + "; ".join(
+        f"`{c.name}` {c.description}" for c in CONFIGURATIONS.values()
+        if any(c.name in g["configs"] for g in results["groups"])) + ".", ""]
+    measured = [g for g in results["groups"] if g["runs"] or g.get("failures")]
+    for group in measured:
+        lines += group_table(group) + [""]
+    for group in results["groups"]:
+        if group not in measured:
+            lines.append(f"- Not measured: {group_title(group)} (the run was stopped before this group).")
+    for item in results.get("not_run", []):
+        lines.append(f"- Not run: `{item['config']}` on {item['framework']}: {item['reason']}")
+    lines += ["", "### Targets (from issue #8), as measured here", "", *targets(results), ""]
+    for image in images:
+        lines += [f"![{image.stem}]({image.relative_to(docs.parent).as_posix()})", ""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_section(docs: Path, section: str) -> None:
+    """Replace the text between the markers in ``docs`` (append the section if there are none)."""
+    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    docs.write_text(text)
+
+
+def plot(results: dict[str, Any], folder: Path) -> list[Path]:
+    """One PNG per (framework, model): measured speedup (median, min-max bars) against bandwidth,
+    per configuration, with the simulator's prediction dashed in the same colour."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for group in results["groups"]:
+        panels.setdefault((group["framework"], group["model"], group["ranks"]), []).append(group)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for (framework, model, ranks), groups in sorted(panels.items()):
+        groups.sort(key=lambda g: g["bits_per_second"])
+        figure, axes = plt.subplots(figsize=(6.4, 4.0))
+        names = [n for n in groups[0]["configs"] if n != BASELINE]
+        for index, name in enumerate(names):
+            colour = f"C{index}"
+            xs, ys, lows, highs, predicted = [], [], [], [], []
+            for group in groups:
+                cell = next(c for c in summarize(group) if c.config == name) if name in group["configs"] else None
+                if cell is None or cell.speedup is None:
+                    continue
+                xs.append(group["bits_per_second"] / 1e9)
+                ys.append(cell.speedup.median)
+                lows.append(cell.speedup.median - cell.speedup.low)
+                highs.append(cell.speedup.high - cell.speedup.median)
+                predicted.append(cell.predicted_speedup)
+            if xs:
+                axes.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=3, label=name)
+                axes.plot(xs, predicted, color=colour, linestyle="--", alpha=0.6)
+        axes.axhline(1.0, color="grey", linewidth=0.8)
+        axes.set_xscale("log")
+        rates = [g["bits_per_second"] / 1e9 for g in groups]
+        axes.set_xticks(rates, [f"{rate:g}" for rate in rates])
+        axes.minorticks_off()
+        axes.set_xlabel("bandwidth (Gbit/s)")
+        axes.set_ylabel("speedup over vanilla")
+        axes.set_title(f"{framework}, {model}, {ranks} ranks (dashed: simulator)")
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        path = folder / f"bench_emulated_{framework}_{model}_{ranks}r.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        paths.append(path)
+    return paths

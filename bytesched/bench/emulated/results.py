@@ -1,0 +1,103 @@
+"""The results file (JSON) and the statistics the report shows.
+
+Every run is kept raw (config, round, samples/s); statistics are computed when reading, so the
+report can always be regenerated from the JSON. Speedups are *pairwise*: each round ran every
+configuration once, close together in time, and a candidate's speedup in a round is its
+samples/s over the baseline's of the same round; the cell shows the median and range of those.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .configs import BASELINE
+
+FORMAT = 1
+
+
+def save(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A results file written by :func:`save`; ValueError naming the file if it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read benchmark results ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or "groups" not in data:
+        raise ValueError(f"{path}: not a `bytesched bench emulated` results file (format {FORMAT})")
+    return data
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and range of a few repeats."""
+
+    median: float
+    low: float
+    high: float
+    count: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Spread | None":
+        return cls(statistics.median(values), min(values), max(values), len(values)) if values else None
+
+
+@dataclass(frozen=True)
+class CellSummary:
+    """One configuration of one group: measured, relative to the baseline, and predicted."""
+
+    config: str
+    throughput: Spread | None
+    speedup: Spread | None
+    predicted_throughput: float | None
+    predicted_speedup: float | None
+
+    @property
+    def error(self) -> float | None:
+        """Relative prediction error of the median throughput (0.1 = predicted 10% too low)."""
+        if self.throughput is None or not self.predicted_throughput:
+            return None
+        return self.throughput.median / self.predicted_throughput - 1.0
+
+
+def summarize(group: dict[str, Any]) -> list[CellSummary]:
+    """The cells of one group of the results file, in its configuration order."""
+    by_config: dict[str, dict[int, float]] = {}
+    for run in group["runs"]:
+        by_config.setdefault(run["config"], {})[run["round"]] = run["samples_per_second"]
+    baseline = by_config.get(BASELINE, {})
+    predicted = (group.get("prediction") or {}).get("configs", {})
+    cells = []
+    for name in group["configs"]:
+        rounds = by_config.get(name, {})
+        ratios = [value / baseline[r] for r, value in rounds.items() if r in baseline]
+        guess = predicted.get(name, {})
+        cells.append(CellSummary(name, Spread.of(list(rounds.values())), Spread.of(ratios),
+                                 guess.get("samples_per_second"), guess.get("speedup")))
+    return cells
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several results files as one report (e.g. the all-reduce matrix and a PS cell run apart).
+
+    Their groups and skipped configurations are concatenated and each run's description kept in
+    ``sources``; a model must have been scaled the same way in every file (ValueError if not),
+    since the report describes each workload once.
+    """
+    merged: dict[str, Any] = {"format": FORMAT, "sources": [], "workloads": {}, "groups": [], "not_run": []}
+    for part in parts:
+        merged["sources"].append(part["meta"])
+        for name, workload in part["workloads"].items():
+            if merged["workloads"].setdefault(name, workload) != workload:
+                raise ValueError(f"model {name!r} was scaled differently in the files being merged "
+                                 f"({merged['workloads'][name]} and {workload}); report them separately")
+        merged["groups"] += part["groups"]
+        merged["not_run"] += part["not_run"]
+    return merged

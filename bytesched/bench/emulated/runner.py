@@ -1,0 +1,145 @@
+"""Running the matrix on emulated clusters: one cluster per bandwidth and rank count, one job per
+batch of configurations, results streamed to a callback as each run ends."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ...emulation import Cluster, Job, emulated_cluster, format_rate
+from .cells import Group, rounds
+from .configs import Configuration
+from .protocol import MARKER, parse, worker_argv
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every rank of a group trains, and for how long."""
+
+    model: str
+    size_scale: float
+    time_scale: float
+    steps: int
+    warmup: int
+
+
+RETRIES = 1
+"""How often a failed job is run again before its runs count as not measured."""
+
+
+class JobFailed(RuntimeError):
+    """A benchmark job exited non-zero or reported fewer runs than it was given."""
+
+
+def launch(cluster: Cluster, group: Group, workload: Workload, runs: Sequence[tuple[str, int]],
+           env: dict[str, str]) -> Job:
+    """Start one job of ``group`` on ``cluster`` running ``runs`` in order."""
+    framework = group.framework
+    argv = [sys.executable, "-m", f"bytesched.bench.emulated.{framework.worker}",
+            *worker_argv(framework.backend, workload.model, workload.size_scale, workload.time_scale,
+                         workload.steps, workload.warmup, runs)]
+    if framework.launcher == "horovod":
+        return cluster.launch_horovod(argv, env=env, ranks=group.ranks)
+    if framework.launcher == "torchrun":
+        return cluster.launch_torch_distributed(argv, env=env, ranks=group.ranks)
+    if framework.launcher == "ps":
+        return cluster.launch_ps(argv, env=env, workers=group.ranks, servers=group.ranks)
+    raise ValueError(f"framework {framework.name!r} has unknown launcher {framework.launcher!r}")
+
+
+def run_job(cluster: Cluster, group: Group, workload: Workload, configs: Sequence[Configuration], round_number: int,
+            timeout: float, on_line: Callable[[str], None]) -> list[dict]:
+    """Run ``configs`` in one job; their result records (JobFailed with the output's tail if not all came)."""
+    runs = [(c.name, round_number) for c in configs]
+    env = dict(configs[0].env)
+    job = launch(cluster, group, workload, runs, env)
+    watcher = _Echo(job, on_line)
+    watcher.start()
+    try:
+        status = job.wait(timeout)
+    except TimeoutError as error:
+        raise JobFailed(f"{error}\n" + "\n".join(job.output[-30:])) from None
+    finally:
+        watcher.stop()
+    records = parse(job.output)
+    if status != 0 or len(records) != len(runs):
+        raise JobFailed(f"job {', '.join(c.name for c in configs)} exited with status {status} and reported "
+                        f"{len(records)} of {len(runs)} runs; last output:\n" + "\n".join(job.output[-30:]))
+    return records
+
+
+class _Echo(threading.Thread):
+    """Hands each new result line of a running job to ``on_line`` (progress while it runs)."""
+
+    def __init__(self, job: Job, on_line: Callable[[str], None]) -> None:
+        super().__init__(daemon=True, name=f"bench-echo-{job.name}")
+        self.job, self.on_line = job, on_line
+        self.seen = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self._drain()
+
+    def _drain(self) -> None:
+        lines = self.job.output
+        while self.seen < len(lines):
+            line = lines[self.seen]
+            self.seen += 1
+            if MARKER in line:
+                self.on_line(line)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        self._drain()
+
+
+def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats: int, topology: str,
+               timeout: float, record: Callable[[Group, dict], None],
+               failed: Callable[[Group, list[str], str, bool], None],
+               say: Callable[[str], None]) -> None:
+    """Run every group, ``repeats`` interleaved rounds each, on one cluster per (bandwidth, ranks).
+
+    ``record(group, run)`` gets every measured run; ``failed(group, configs, reason, final)`` every
+    job that failed. A failed job is retried once (``final`` is False for the first failure: a
+    Gloo connection refused at start-up was seen once on the loaded machine); the rest of the
+    matrix runs either way.
+    """
+    by_network: dict[tuple[int, int], list[Group]] = {}
+    for group in groups:
+        by_network.setdefault((group.bits_per_second, group.ranks), []).append(group)
+    total = sum(len(g.configurations) for g in groups) * repeats
+    done = 0
+    for (bits, ranks), members in by_network.items():
+        with emulated_cluster(ranks, bits, topology=topology) as cluster:
+            say(f"network: {cluster.describe()}")
+            for group in members:
+                for number, jobs in rounds(group, repeats):
+                    for configs in jobs:
+                        label = (f"{group.framework.name} {group.model} {format_rate(bits)} {ranks} ranks "
+                                 f"round {number + 1}/{repeats}")
+                        started = time.monotonic()
+
+                        def show(line: str, label: str = label) -> None:
+                            run = parse([line])[0]
+                            say(f"  {label}: {run['config']:<14} {run['samples_per_second']:9.1f} samples/s")
+
+                        records = []
+                        for attempt in range(1 + RETRIES):
+                            try:
+                                records = run_job(cluster, group, workloads[group.model], configs, number, timeout,
+                                                  show)
+                                break
+                            except JobFailed as error:
+                                final = attempt == RETRIES
+                                failed(group, [c.name for c in configs], str(error), final)
+                                say(f"  {label}: FAILED {', '.join(c.name for c in configs)}"
+                                    + ("" if final else "; retrying once"))
+                        for run in records:
+                            record(group, run)
+                        done += len(configs)
+                        say(f"[{done}/{total} runs] job of {len(configs)} run(s) took {time.monotonic() - started:.0f} s")

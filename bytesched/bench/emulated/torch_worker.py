@@ -1,0 +1,123 @@
+"""A rank of a PyTorch benchmark job: ``python -m bytesched.bench.emulated.torch_worker``.
+
+Started by the emulated cluster's Horovod (``--backend horovod``) or torch.distributed
+(``--backend torch``) launcher; also runs under ``horovodrun``/``torchrun`` by hand. Runs the
+requested configurations one after another in this process, each on a fresh model and optimizer,
+and reports each run's samples/s from rank 0 (:mod:`.protocol`). One CPU thread per rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+import bytesched.core as core
+from bytesched.plugins.torch import ScheduledOptimizer
+
+from .cells import REAL_MODELS
+from .configs import Configuration, configuration
+from .protocol import emit, worker_parser
+from .scaling import Scale, scaled_profile
+from .torch_compute import Workload
+
+REAL_BATCH = 64
+"""Batch per rank of the real (non-emulated) models."""
+
+
+class Backend:
+    """The communication library a job uses: Horovod or torch.distributed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        if name == "horovod":
+            import horovod.torch as hvd
+            hvd.init()
+            self.hvd = hvd
+            self.rank, self.size = hvd.rank(), hvd.size()
+        elif name == "torch":
+            torch.distributed.init_process_group("gloo")
+            self.rank, self.size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            raise ValueError(f"--backend {name!r}: expected horovod or torch")
+
+    def optimizer(self, workload: Workload, config: Configuration) -> tuple[Any, Callable[[], None]]:
+        """The optimizer for ``config`` and the per-step call that communicates (for the
+        hand-written torch.distributed baseline; a no-op otherwise)."""
+        model = workload.model
+        sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        if self.name == "horovod":
+            sgd = self.hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+        if config.scheduled:
+            settings = dataclasses.replace(core.from_env(), policy=config.policy, params=config.params)
+            return ScheduledOptimizer(model, sgd, config=settings), _nothing
+        if self.name == "horovod":
+            return sgd, _nothing
+        return sgd, lambda: _allreduce_gradients(model, self.size)
+
+    def barrier(self) -> None:
+        if self.name == "horovod":
+            self.hvd.allreduce(torch.zeros(1), name="bench.barrier")
+        else:
+            torch.distributed.barrier()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _allreduce_gradients(model: torch.nn.Module, size: int) -> None:
+    """The torch.distributed baseline without DDP: every gradient all-reduced, backward order."""
+    grads = [p.grad for p in reversed(list(model.parameters())) if p.grad is not None]
+    works = [torch.distributed.all_reduce(g, async_op=True) for g in grads]
+    for work, grad in zip(works, grads):
+        work.wait()
+        grad.div_(size)
+
+
+def measure(backend: Backend, workload: Workload, config: Configuration, steps: int, warmup: int) -> float:
+    """Seconds for ``steps`` training steps after ``warmup`` untimed ones (communication done)."""
+    optimizer, communicate = backend.optimizer(workload, config)
+    try:
+        started = 0.0
+        for step in range(warmup + steps):
+            if step == warmup:
+                if config.scheduled:
+                    optimizer.synchronize()
+                backend.barrier()
+                started = time.perf_counter()
+            optimizer.zero_grad()
+            workload.loss().backward()
+            communicate()
+            optimizer.step()
+        if config.scheduled:
+            optimizer.synchronize()
+        return time.perf_counter() - started
+    finally:
+        if config.scheduled:
+            optimizer.close()
+            core.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = worker_parser(__doc__.splitlines()[0]).parse_args(argv)
+    torch.set_num_threads(1)
+    backend = Backend(args.backend)
+    profile = None if args.model in REAL_MODELS else scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
+    batch = profile.batch_size if profile is not None else REAL_BATCH
+    for name, round_number in args.runs:
+        config = configuration(name)
+        workload = Workload(args.model, profile, batch)
+        seconds = measure(backend, workload, config, args.steps, args.warmup)
+        if backend.rank == 0:
+            emit({"config": name, "round": round_number, "seconds": seconds, "steps": args.steps,
+                  "samples_per_second": backend.size * batch * args.steps / seconds, "pid": os.getpid()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""``bytesched bench emulated``: the pieces (scaling, the matrix's order, pairwise statistics,
+the emulated models, the docs section) and, end to end, the quick mode on a real emulated network."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
+from bytesched.bench.emulated.protocol import parse, parse_runs, worker_argv, worker_parser
+from bytesched.bench.emulated.report import BEGIN, END, write_section
+from bytesched.bench.emulated.results import merge, summarize
+from bytesched.bench.emulated.scaling import Scale, balanced_time_scale, scaled_profile
+from bytesched.emulation import unavailable_reason
+from bytesched.sim.profile import load_profile
+from conftest import require, run_job
+
+GBIT = 10**9
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_scaled_profile_scales_sizes_and_times_separately() -> None:
+    original = load_profile("vgg16")
+    scaled = scaled_profile("vgg16", Scale(size=0.01, time=2.0))
+    assert [t.name for l in scaled.layers for t in l.tensors] == [t.name for l in original.layers for t in l.tensors]
+    assert scaled.nbytes == pytest.approx(original.nbytes * 0.01, rel=1e-3)
+    assert all(t.nbytes >= 4 and t.nbytes % 4 == 0 for l in scaled.layers for t in l.tensors)
+    assert scaled.compute_time == pytest.approx(original.compute_time * 2.0)
+    assert scaled.source["scale"] == {"size": 0.01, "time": 2.0}
+    assert balanced_time_scale(original, original.compute_time * 3) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="size"):
+        Scale(size=0.0)
+
+
+def test_rounds_rotate_and_batch_configurations_into_jobs() -> None:
+    [group], _ = groups(["torch-horovod"], ["vgg16"], [GBIT], [2], ["vanilla", "autotune", "fifo", "p3"])
+    plan = list(rounds(group, 3))
+    firsts = [jobs[0][0].name for _, jobs in plan]
+    assert firsts == ["vanilla", "autotune", "fifo"]  # no configuration always runs first
+    for _, jobs in plan:
+        assert sorted(c.name for job in jobs for c in job) == ["autotune", "fifo", "p3", "vanilla"]
+        for job in jobs:  # a job shares one environment: autotune (HOROVOD_AUTOTUNE=1) runs alone
+            assert len({c.env for c in job}) == 1
+    assert [[c.name for c in job] for job in plan[0][1]] == [["vanilla", "fifo", "p3"], ["autotune"]]
+    [ps], skipped = groups(["mxnet-ps"], ["vgg16"], [GBIT], [2], ["autotune", "p3"])
+    assert ("mxnet-ps", "autotune") in skipped and [c.name for c in ps.configurations] == ["vanilla", "p3"]
+    assert all(len(job) == 1 for _, jobs in rounds(ps, 2) for job in jobs)  # a KVStore per process
+    assert [c.name for c in quick(ps).configurations] == ["bytescheduler"]
+    with pytest.raises(ValueError, match="'nope'"):
+        groups(["nope"], ["vgg16"], [GBIT], [2], ["vanilla"])
+    with pytest.raises(ValueError, match="'fast'"):
+        groups(["torch-horovod"], ["vgg16"], [GBIT], [2], ["fast"])
+
+
+def test_speedups_are_pairwise_per_round() -> None:
+    group = {"configs": ["vanilla", "p3"], "runs": [
+        {"config": "vanilla", "round": 0, "samples_per_second": 100.0},
+        {"config": "p3", "round": 0, "samples_per_second": 150.0},
+        {"config": "vanilla", "round": 1, "samples_per_second": 50.0},  # a loaded moment hits both
+        {"config": "p3", "round": 1, "samples_per_second": 60.0},
+        {"config": "p3", "round": 2, "samples_per_second": 999.0},  # no baseline in round 2
+    ], "prediction": {"configs": {"p3": {"samples_per_second": 100.0, "speedup": 1.1}}}}
+    vanilla, p3 = summarize(group)
+    assert p3.speedup is not None and (p3.speedup.low, p3.speedup.high, p3.speedup.count) == (1.2, 1.5, 2)
+    assert p3.throughput is not None and p3.throughput.median == 150.0 and p3.throughput.count == 3
+    assert p3.error == pytest.approx(0.5) and vanilla.error is None
+
+
+def test_merge_keeps_every_group_and_refuses_differently_scaled_models() -> None:
+    def part(scale: float, framework: str) -> dict:
+        return {"meta": {"command": framework}, "workloads": {"vgg16": {"size_scale": scale}},
+                "groups": [{"framework": framework}], "not_run": []}
+
+    merged = merge([part(0.1, "torch-horovod"), part(0.1, "mxnet-ps")])
+    assert [g["framework"] for g in merged["groups"]] == ["torch-horovod", "mxnet-ps"]
+    assert [m["command"] for m in merged["sources"]] == ["torch-horovod", "mxnet-ps"]
+    with pytest.raises(ValueError, match="'vgg16' was scaled differently"):
+        merge([part(0.1, "torch-horovod"), part(0.2, "mxnet-ps")])
+
+
+def test_worker_options_round_trip() -> None:
+    argv = worker_argv("horovod", "vgg16", 0.25, 1.5, 7, 2, [("vanilla", 0), ("p3", 1)])
+    args = worker_parser("test").parse_args(argv)
+    assert (args.backend, args.model, args.size_scale, args.time_scale, args.steps, args.warmup) == \
+        ("horovod", "vgg16", 0.25, 1.5, 7, 2)
+    assert args.runs == [("vanilla", 0), ("p3", 1)]
+    assert parse(['[rank 0] BENCH-RESULT {"config": "p3"}', "noise"]) == [{"config": "p3"}]
+    with pytest.raises(Exception, match="CONFIG@ROUND"):
+        parse_runs("vanilla")
+
+
+def test_write_section_replaces_only_its_markers(tmp_path: Path) -> None:
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\n## Core\n\nkept\n")
+    write_section(docs, f"{BEGIN}\nfirst\n{END}")
+    write_section(docs, f"{BEGIN}\nsecond\n{END}")
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks\n\n## Core\n\nkept\n") and "first" not in text
+    assert text.count(BEGIN) == 1 and "second" in text
+
+
+def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> None:
+    import torch
+
+    from bytesched.bench.emulated.torch_compute import Workload
+    profile = scaled_profile("resnet50", Scale(size=0.001, time=0.05))
+    workload = Workload("resnet50", profile, profile.batch_size)
+    order: list[str] = []
+    names = {p: n for n, p in workload.model.named_parameters()}
+    for param in workload.model.parameters():
+        param.register_post_accumulate_grad_hook(lambda p: order.append(names[p]))
+    started = time.perf_counter()
+    workload.loss().backward()
+    elapsed = time.perf_counter() - started
+    assert elapsed >= sum(l.forward + l.backward for l in profile.layers)  # the sleeps happened
+    sizes = [p.numel() * 4 for p in workload.model.parameters()]
+    assert sizes == [t.nbytes for l in profile.layers for t in l.tensors]
+    layers = [int(name.split(".")[1]) for name in order]
+    assert layers == sorted(layers, reverse=True) and len(order) == len(sizes)  # last layer's first
+    assert all(isinstance(p.grad, torch.Tensor) and p.grad.shape == p.shape for p in workload.model.parameters())
+
+
+def test_emulated_mxnet_model_sleeps_and_fills_every_gradient() -> None:
+    require("torch")
+    mx = require("mxnet", "MXNet")
+    from bytesched.bench.emulated.mxnet_compute import emulated_model
+    profile = scaled_profile("vgg16", Scale(size=0.0005, time=0.05))
+    net = emulated_model(profile)
+    params = list(net.collect_params().values())
+    for p in params:
+        p.grad()[:] = 7.0
+    started = time.perf_counter()
+    with mx.autograd.record():
+        loss = net(mx.nd.zeros((1,))).sum()
+    loss.backward()
+    mx.nd.waitall()
+    assert time.perf_counter() - started >= profile.compute_time
+    assert [p.shape[0] * 4 for p in params] == [t.nbytes for l in profile.layers for t in l.tensors]
+    assert all(float(p.grad().abs().sum().asscalar()) == 0.0 for p in params)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith(f"bytesched-{pid}-")]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path) -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"network emulation is unavailable here: {reason}", pytrace=False)
+    for module, component in (("horovod.torch", "Horovod with PyTorch"), ("horovod.mxnet", "Horovod with MXNet")):
+        require("torch")
+        require(module, component)
+    out, docs, img = tmp_path / "quick.json", tmp_path / "benchmarks.md", tmp_path / "img"
+    docs.write_text("# Benchmarks\n\n## Core\n\nuntouched\n")
+    result = run_job([sys.executable, "-m", "bytesched.cli", "bench", "emulated", "--quick", "--json", out, "--docs",
+                      "--docs-file", docs, "--img-dir", img], timeout=220)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "network: 2 hosts, veth pairs shaped to 1 Gbit/s per direction" in result.stdout
+    results = json.loads(out.read_text())
+    assert {g["framework"] for g in results["groups"]} == set(FRAMEWORKS)
+    for group in results["groups"]:
+        measured = {run["config"] for run in group["runs"]}
+        assert measured == set(group["configs"]) and "bytescheduler" in measured, group
+        assert all(run["samples_per_second"] > 0 for run in group["runs"])
+        assert set(group["prediction"]["configs"]) == set(group["configs"])
+        assert group["failures"] == []
+    assert _namespaces_of(results["meta"]["pid"]) == []  # the emulated network is gone
+    text = docs.read_text()
+    assert text.startswith("# Benchmarks\n\n## Core\n\nuntouched\n")
+    assert "**torch-horovod, vgg16, 1 Gbit/s, 2 ranks**" in text and "**mxnet-ps, vgg16, 1 Gbit/s, 2 ranks**" in text
+    assert "bytesched bench emulated --quick" in text
+    assert len(list(img.glob("bench_emulated_*.png"))) == len(FRAMEWORKS)
