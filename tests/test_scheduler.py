@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bytesched.core import SchedulingError, SchedulingParams, Scheduler, UNLIMITED, split_elements
-from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, make_policy
+from bytesched.core import SchedulingError, SchedulingParams, Scheduler, SubTask, UNLIMITED, split_elements
+from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
 
 from coretools import BufferTask, VirtualDriver
 
@@ -224,3 +224,40 @@ def test_every_subtask_starts_once_after_ready_within_credit(tasks, partition, c
         assert all(s.nbytes <= limit for s in task.subtasks)
         for s in task.subtasks:
             assert s.t_ready <= s.t_start <= s.t_finish
+
+
+def _generic_twin(policy_name: str, params: SchedulingParams) -> Policy:
+    """``policy_name``'s policy, but releasing through the generic peek/admits/pop loop."""
+    cls = type(make_policy(policy_name, params))
+    return type(f"Generic{cls.__name__}", (cls,), {"release": Policy.release})(params)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tasks=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 400), st.floats(0, 20), st.floats(0, 5)),
+                      min_size=1, max_size=12),
+       partition=st.sampled_from([4, 64, 1000, UNLIMITED]), credit=st.sampled_from([1, 4, 100, 2000, UNLIMITED]),
+       policy=st.sampled_from(["bytescheduler", "tictac", "p3"]))
+def test_batched_release_decides_like_the_generic_loop(tasks, partition, credit, policy) -> None:
+    """Each policy's own release() (no call per sub-task) starts the same sub-tasks at the same
+    times as Policy.release, which asks peek/admits/pop one sub-task at a time."""
+    params = SchedulingParams(partition_bytes=partition, credit_bytes=credit)
+    own, generic = make_policy(policy, params), _generic_twin(policy, params)
+    assert type(own).release is not Policy.release
+    runs = []
+    for pol in (own, generic):
+        sched = Scheduler(pol)
+        waiting: list[int] = []
+
+        def duration(sub: SubTask, sched: Scheduler = sched, waiting: list[int] = waiting) -> float:
+            waiting.append(len(sched.policy))
+            return tasks[int(sub.task.name[1:])][3]
+
+        driver = VirtualDriver(sched, duration)
+        for i, (prio, nelem, ready_at, _) in enumerate(tasks):
+            task = BufferTask(f"t{i}", prio, nelem * 4)
+            sched.enqueue(task, 0.0)
+            driver.at(ready_at, "ready", task)
+        driver.run()
+        assert sched.idle
+        runs.append(([(s.key, s.t_start, s.t_finish) for s in driver.started], waiting, sched.take_stats()))
+    assert runs[0] == runs[1]

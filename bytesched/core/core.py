@@ -12,10 +12,11 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import os
 import queue
 import threading
 import time
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from .config import Config, SchedulingParams
 from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
@@ -25,11 +26,36 @@ from .task import CommTask, SubTask
 
 log = logging.getLogger("bytesched")
 
-_ENQUEUE, _ENQUEUE_READY, _READY, _FINISH, _PARAMS, _ANNOUNCE, _CALL, _STOP = range(8)
+# Events are (kind, object) tuples, except a finish, the one event per sub-task: the bare SubTask.
+_ENQUEUE, _ENQUEUE_READY, _READY, _PARAMS, _ANNOUNCE, _CALL, _STOP = range(7)
+
+
+FAULT_EXIT_CODE = 70
+"""Exit status of a process that bytesched ended because the job cannot go on (a lost rank, a
+sub-task past ``BYTESCHED_STALL_TIMEOUT_S``) and that did not exit by itself in time."""
+EXIT_GRACE_S = 10.0
+STALL_QUERY, STALL_ANSWER = "stall.query", "stall.answer"  # rank-0 channel kinds: who has started what
 
 
 class CoreShutdownError(RuntimeError):
     """The Core stopped before this task's communication finished."""
+
+
+class StallTimeout(RuntimeError):
+    """A sub-task was in flight longer than ``BYTESCHED_STALL_TIMEOUT_S``."""
+
+
+def exit_later(reason: str, grace_s: float = EXIT_GRACE_S) -> None:
+    """Give the process ``grace_s`` seconds to exit by itself (the failed tasks raise in the training
+    loop), then end it with :data:`FAULT_EXIT_CODE`: a backend stuck in a collective with a dead peer
+    (Horovod, Gloo) would otherwise hang the process, and its job, forever."""
+    def end() -> None:
+        time.sleep(grace_s)
+        log.critical("bytesched: ending this process (exit code %d) because %s", FAULT_EXIT_CODE, reason)
+        logging.shutdown()
+        os._exit(FAULT_EXIT_CODE)
+
+    threading.Thread(target=end, name="bytesched-exit", daemon=True).start()
 
 
 class OrderChannel(Protocol):
@@ -72,7 +98,7 @@ class Core:
         self.config = config
         self.rank = rank
         self.order = order
-        leader_policy = policy or make_policy(config.policy, config.params)
+        leader_policy = policy if policy is not None else make_policy(config.policy, config.params)
         if rank == 0:
             self.policy = leader_policy
         elif order == "rank0":
@@ -83,8 +109,13 @@ class Core:
         self._channel = channel
         self._timeline = timeline
         self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self.post_finish: Callable[[SubTask], None] = self._events.put
+        """Event: a sub-task finished (use :meth:`CommTask.notify_finish`); the queue's own ``put``,
+        so that the most frequent event costs no Python call and no tuple."""
         self._thread: threading.Thread | None = None
         self._accepting = True
+        self._enqueued: dict[str, int] = {}  # tasks enqueued per name (framework threads count them)
+        self._stall_query: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
         if order == "rank0" and rank != 0 and channel is None:
@@ -96,6 +127,9 @@ class Core:
         if self._thread is None:
             if self._channel is not None and self.rank != 0 and self.order == "rank0":
                 self._channel.subscribe_order(lambda keys: self._events.put((_ANNOUNCE, keys)))
+            if self._channel is not None and self.rank != 0:
+                self._channel.subscribe(  # type: ignore[attr-defined]
+                    STALL_QUERY, lambda body: self.call_soon(lambda: self._answer_stall_query(body)))
             self._thread = threading.Thread(target=self._run, name=f"bytesched-core-{self.rank}", daemon=True)
             self._thread.start()
         return self
@@ -127,15 +161,12 @@ class Core:
         """Hand ``task`` to the Core; with ``ready=True`` it is also ready (saves one event)."""
         self._check_accepting(task)
         task.core = self
+        self._enqueued[task.name] = self._enqueued.get(task.name, 0) + 1
         self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
     def post_ready(self, task: CommTask) -> None:
         """Event: ``task`` is ready (use :meth:`CommTask.notify_ready`)."""
         self._events.put((_READY, task))
-
-    def post_finish(self, sub: SubTask) -> None:
-        """Event: ``sub`` finished (use :meth:`CommTask.notify_finish`)."""
-        self._events.put((_FINISH, sub))
 
     def set_params(self, params: SchedulingParams) -> None:
         """New partition/credit sizes; callers apply them at a step all ranks agreed on."""
@@ -152,6 +183,16 @@ class Core:
         self.call_soon(lambda: (box.append(self.scheduler.take_stats()), done.set()))
         if not done.wait(10.0) or not box:
             raise RuntimeError("bytesched Core did not answer within 10 s (is it running?)")
+        return box[0]
+
+    def describe_waiting(self, timeout: float = 2.0) -> str:
+        """What this rank's communication waits for: the oldest sub-task in flight (or queued),
+        for the message of a fault. Safe from any thread; never blocks longer than ``timeout``."""
+        box: list[str] = []
+        done = threading.Event()
+        self.call_soon(lambda: (box.append(self._waiting_for(time.monotonic())), done.set()))
+        if not done.wait(timeout) or not box:
+            return "unknown (the bytesched Core did not answer)"
         return box[0]
 
     def _check_accepting(self, task: CommTask) -> None:
@@ -181,7 +222,7 @@ class Core:
         timeline = self._timeline
         clock = time.monotonic
         stop_deadline: float | None = None
-        next_stall_check = clock() + self.config.stall_warning_s
+        next_stall_check = clock() + self._stall_period()
         while True:
             timeout = self._wait_timeout(clock(), stop_deadline, next_stall_check)
             try:
@@ -190,30 +231,31 @@ class Core:
                 event = None
             started: list[SubTask] = []
             while event is not None:
-                kind, obj = event
                 now = clock()
-                if kind == _FINISH:  # the most frequent event first: one per sub-task
-                    started += sched.finish(obj, now)
+                if type(event) is SubTask:  # a finish, the most frequent event: one per sub-task
+                    started += sched.finish(event, now)
                     if timeline is not None:
-                        timeline.record(obj)
-                    task = obj.task
+                        timeline.record(event)
+                    task = event.task
                     if not task.remaining:
                         task.on_finish()
-                elif kind == _ENQUEUE_READY:
-                    sched.enqueue(obj, now)
-                    started += sched.ready(obj, now)
-                elif kind == _READY:
-                    started += sched.ready(obj, now)
-                elif kind == _ENQUEUE:
-                    sched.enqueue(obj, now)
-                elif kind == _PARAMS:
-                    started += sched.set_params(obj, now)
-                elif kind == _ANNOUNCE:
-                    started += sched.announce(obj, now)
-                elif kind == _CALL:
-                    obj()
-                elif kind == _STOP:
-                    stop_deadline = obj
+                else:
+                    kind, obj = event
+                    if kind == _ENQUEUE_READY:
+                        sched.enqueue(obj, now)
+                        started += sched.ready(obj, now)
+                    elif kind == _READY:
+                        started += sched.ready(obj, now)
+                    elif kind == _ENQUEUE:
+                        sched.enqueue(obj, now)
+                    elif kind == _PARAMS:
+                        started += sched.set_params(obj, now)
+                    elif kind == _ANNOUNCE:
+                        started += sched.announce(obj, now)
+                    elif kind == _CALL:
+                        obj()
+                    elif kind == _STOP:
+                        stop_deadline = obj
                 event = get() if not empty() else None
             self._start_all(started)
             now = clock()
@@ -221,7 +263,7 @@ class Core:
                 self._start_all(sched.tick(now))
             if now >= next_stall_check:
                 self._warn_stalls(now)
-                next_stall_check = now + self.config.stall_warning_s / 2
+                next_stall_check = now + self._stall_period()
             if stop_deadline is not None and (sched.idle or now >= stop_deadline):
                 if not sched.idle:
                     self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
@@ -248,19 +290,83 @@ class Core:
                 log.error("starting %r failed: %s", sub, exc)
                 sub.task.on_error(exc)
 
-    def _warn_stalls(self, now: float) -> None:
-        limit = self.config.stall_warning_s
+    def _stall_period(self) -> float:
+        """How often in-flight sub-tasks are checked against the stall warning and timeout."""
+        timeout = self.config.stall_timeout_s
+        return min(self.config.stall_warning_s, timeout if timeout > 0 else math.inf) / 2
+
+    def _late(self, now: float, limit: float) -> list[SubTask]:
+        """The oldest sub-task of each unfinished task that has been in flight over ``limit`` s."""
+        late = []
         for task in self.scheduler.unfinished():
-            late = [s for s in task.subtasks
-                    if math.isnan(s.t_finish) and now - s.t_start > limit]  # NaN start compares False
-            if late:
-                log.warning("stall: tensor %r partition %d of %d started %.0f s ago and has not finished "
-                            "(rank %d; a peer may be missing this collective)",
-                            task.name, late[0].index, len(task.subtasks), now - late[0].t_start, self.rank)
+            subs = [s for s in task.subtasks if math.isnan(s.t_finish) and now - s.t_start > limit]
+            if subs:  # NaN t_start (not started) compares False above
+                late.append(subs[0])
+        return late
+
+    def _warn_stalls(self, now: float) -> None:
+        timeout = self.config.stall_timeout_s
+        if timeout > 0:
+            stuck = self._late(now, timeout)
+            if stuck:
+                what = _describe(stuck[0], now)
+                exit_later(f"{what} on rank {self.rank} (BYTESCHED_STALL_TIMEOUT_S={timeout:g})")
+                raise StallTimeout(f"stall timeout: {what} on rank {self.rank}, longer than "
+                                   f"BYTESCHED_STALL_TIMEOUT_S={timeout:g}; a peer is missing this collective "
+                                   f"(see the stall warnings above for which rank)")
+        late = self._late(now, self.config.stall_warning_s)
+        if late and self.rank == 0 and self._channel is not None:
+            if self._stall_query is None or not self._stall_query.is_alive():
+                self._stall_query = threading.Thread(target=self._ask_who_is_missing, args=(late, now),
+                                                     name="bytesched-stall-query", daemon=True)
+                self._stall_query.start()
+        else:
+            for sub in late:
+                log.warning("stall: %s on rank %d and has not finished (a peer may be missing this "
+                            "collective)", _describe(sub, now), self.rank)
         if isinstance(self.policy, FollowOrderPolicy):
             missing = self.policy.waiting_for()
             if missing is not None:
                 log.warning("stall: rank 0 started %r but rank %d has not produced that tensor yet", missing, self.rank)
+
+    def _ask_who_is_missing(self, late: list[SubTask], now: float) -> None:
+        """Rank 0 (own thread): ask every follower whether it started the late sub-tasks, then warn
+        naming the ranks that have not: the question a user asks first about a stall."""
+        keys = [list(s.key) for s in late]
+        channel: Any = self._channel
+        try:
+            channel.broadcast(STALL_QUERY, {"keys": keys})
+            answers = channel.gather(STALL_ANSWER, timeout=min(10.0, self.config.stall_warning_s))
+        except Exception as exc:  # ChannelError: a follower did not answer (it may be the culprit)
+            answers, reason = {}, f"the ranks could not be asked: {exc}"
+        else:
+            reason = ""
+        for i, sub in enumerate(late):
+            missing = [rank for rank, body in sorted(answers.items()) if not _started_at(body, i, sub.key)]
+            who = (f"rank(s) {', '.join(map(str, missing))} have not started it" if missing
+                   else reason or "every rank has started it (a slow network or backend?)")
+            log.warning("stall: %s on rank 0 and has not finished: %s", _describe(sub, now), who)
+
+    def _answer_stall_query(self, body: dict[str, Any]) -> None:
+        """Follower (Core thread): tell rank 0 which of the queried sub-tasks this rank started."""
+        started = [self._has_started(key) for key in body.get("keys", [])]
+        self._channel.report(STALL_ANSWER, {"keys": body.get("keys", []), "started": started})  # type: ignore[union-attr]
+
+    def _has_started(self, key: list[Any]) -> bool:
+        name, instance, index = key
+        for task in self.scheduler.unfinished():
+            if task.name == name and task.instance == instance:
+                return index < len(task.subtasks) and not math.isnan(task.subtasks[index].t_start)
+        return instance < self._enqueued.get(name, 0)  # finished already, or not produced yet
+
+    def _waiting_for(self, now: float) -> str:
+        unfinished = self.scheduler.unfinished()
+        in_flight = [s for t in unfinished for s in t.subtasks if math.isnan(s.t_finish) and not math.isnan(s.t_start)]
+        if in_flight:
+            return _describe(min(in_flight, key=lambda s: s.t_start), now)
+        if unfinished:
+            return f"tensor {unfinished[0].name!r} (ready, not started yet)"
+        return "no communication (nothing in flight)"
 
     def _fail_unfinished(self, exc: BaseException) -> None:
         for task in self.scheduler.unfinished():
@@ -272,6 +378,18 @@ class Core:
     def _close_outputs(self) -> None:
         if self._timeline is not None:
             self._timeline.close()
+
+
+def _describe(sub: SubTask, now: float) -> str:
+    """``tensor 'w' partition 1 of 3 (started 12 s ago)`` for logs and errors."""
+    return (f"tensor {sub.task.name!r} partition {sub.index} of {len(sub.task.subtasks)} "
+            f"(started {now - sub.t_start:.0f} s ago)")
+
+
+def _started_at(body: dict[str, Any], i: int, key: tuple[Any, ...]) -> bool:
+    """A follower's stall answer says it started the ``i``-th queried sub-task ``key``."""
+    keys, started = body.get("keys", []), body.get("started", [])
+    return i < len(keys) and i < len(started) and tuple(keys[i]) == tuple(key) and bool(started[i])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from math import isnan
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .config import SchedulingParams
 from .policies import Policy, Window
@@ -52,6 +52,11 @@ class Scheduler:
         self._instances: defaultdict[str, int] = defaultdict(int)
         self._seq = 0
         self._unfinished: dict[tuple[str, int], CommTask] = {}
+        # The policy's observation hooks, or None where it keeps the default no-op: the finish
+        # hook would otherwise be an empty call per sub-task.
+        self._on_enqueue = _hook(policy, "on_enqueue")
+        self._on_ready = _hook(policy, "on_ready")
+        self._on_finish = _hook(policy, "on_finish")
 
     # -- events -------------------------------------------------------------------------------
     def enqueue(self, task: CommTask, now: float) -> None:
@@ -70,7 +75,8 @@ class Scheduler:
         task.remaining = len(task.subtasks)
         self._unfinished[(task.name, task.instance)] = task
         self.stats.tasks += 1
-        self.policy.on_enqueue(task, now)
+        if self._on_enqueue is not None:
+            self._on_enqueue(task, now)
 
     def ready(self, task: CommTask, now: float) -> list[SubTask]:
         """``task``'s tensor is computed: queue its sub-tasks and start what may start."""
@@ -78,11 +84,11 @@ class Scheduler:
             raise SchedulingError(f"{task!r} became ready before it was enqueued")
         if not isnan(task.subtasks[0].t_ready):
             raise SchedulingError(f"{task!r} was notified ready twice")
-        push = self.policy.push
         for sub in task.subtasks:
             sub.t_ready = now
-            push(sub, now)
-        self.policy.on_ready(task, now)
+        self.policy.push(task, now)
+        if self._on_ready is not None:
+            self._on_ready(task, now)
         return self.schedule(now)
 
     def finish(self, sub: SubTask, now: float) -> list[SubTask]:
@@ -100,7 +106,8 @@ class Scheduler:
         task.remaining -= 1
         if not task.remaining:
             del self._unfinished[(task.name, task.instance)]
-        self.policy.on_finish(sub, now)
+        if self._on_finish is not None:
+            self._on_finish(sub, now)
         return self.schedule(now)
 
     def set_params(self, params: SchedulingParams, now: float) -> list[SubTask]:
@@ -123,37 +130,29 @@ class Scheduler:
     # -- the decision -------------------------------------------------------------------------
     def schedule(self, now: float) -> list[SubTask]:
         """Start ready sub-tasks in the policy's order while it admits them."""
-        policy = self.policy
-        sub = policy.peek(now)
-        if sub is None:  # the common case after a finish: nothing waits
-            return []
         window = self.window
-        started: list[SubTask] = []
+        started = self.policy.release(window, now)
+        if not started:  # the common case after a finish: nothing waits
+            return started
         # Statistics are summed in locals and stored once (this loop runs for every sub-task).
         # The window only fills up here, so its peak is its state at the end.
+        stats = self.stats
         delay_total = 0.0
-        delay_max = self.stats.queue_delay_max
+        delay_max = stats.queue_delay_max
         bytes_started = 0
-        while sub is not None and policy.admits(sub, window, now):
-            policy.pop()
+        for sub in started:
             sub.t_start = now
-            window.inflight_bytes += sub.nbytes
-            window.inflight_count += 1
             bytes_started += sub.nbytes
             delay = now - sub.t_ready
             delay_total += delay
             if delay > delay_max:
                 delay_max = delay
-            started.append(sub)
-            sub = policy.peek(now)
-        if started:
-            stats = self.stats
-            stats.subtasks_started += len(started)
-            stats.bytes_started += bytes_started
-            stats.queue_delay_total += delay_total
-            stats.queue_delay_max = delay_max
-            if window.inflight_bytes > stats.max_inflight_bytes:
-                stats.max_inflight_bytes = window.inflight_bytes
+        stats.subtasks_started += len(started)
+        stats.bytes_started += bytes_started
+        stats.queue_delay_total += delay_total
+        stats.queue_delay_max = delay_max
+        if window.inflight_bytes > stats.max_inflight_bytes:
+            stats.max_inflight_bytes = window.inflight_bytes
         return started
 
     # -- queries ------------------------------------------------------------------------------
@@ -174,3 +173,8 @@ class Scheduler:
     def idle(self) -> bool:
         """Nothing waiting and nothing in flight."""
         return not self._unfinished
+
+
+def _hook(policy: Policy, name: str) -> Callable[..., None] | None:
+    """``policy``'s bound hook ``name``, or None if it is :class:`Policy`'s no-op."""
+    return None if getattr(type(policy), name) is getattr(Policy, name) else getattr(policy, name)

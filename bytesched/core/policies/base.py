@@ -46,8 +46,9 @@ class Policy(ABC):
         self.params = params
 
     @abstractmethod
-    def push(self, sub: SubTask, now: float) -> None:
-        """A sub-task became ready."""
+    def push(self, task: CommTask, now: float) -> None:
+        """Every sub-task of ``task`` became ready (a tensor is computed at once, so the Scheduler
+        queues whole tasks; :meth:`peek` and :meth:`pop` hand out their sub-tasks one by one)."""
 
     @abstractmethod
     def peek(self, now: float) -> SubTask | None:
@@ -64,6 +65,23 @@ class Policy(ABC):
     @abstractmethod
     def __len__(self) -> int:
         """Number of ready sub-tasks waiting."""
+
+    def release(self, window: Window, now: float) -> list[SubTask]:
+        """Pop, in order, every ready sub-task that may start now, counting each into ``window``.
+
+        The Scheduler calls this after every event. This generic loop is defined by
+        peek/admits/pop; a policy may replace it with an equivalent one that makes no Python call
+        per sub-task (calls are most of what the Core costs per sub-task).
+        """
+        started: list[SubTask] = []
+        sub = self.peek(now)
+        while sub is not None and self.admits(sub, window, now):
+            self.pop()
+            window.inflight_bytes += sub.nbytes
+            window.inflight_count += 1
+            started.append(sub)
+            sub = self.peek(now)
+        return started
 
     # Observations, for policies that learn from timing (Prophet). Default: ignore.
     def on_enqueue(self, task: CommTask, now: float) -> None:
@@ -85,33 +103,116 @@ class PriorityPolicy(Policy):
     """Ready queue ordered by (task priority, enqueue order, partition index): lower first.
 
     The enqueue order breaks ties between equal priorities deterministically, and the partition
-    index keeps the pieces of one tensor in tensor order.
+    index keeps the pieces of one tensor in tensor order. Since the first two are the same for
+    every piece of a task and the enqueue order is unique, a task's pieces are consecutive in
+    this order: the heap holds one entry per ready task, ``[rank, seq, next piece, pieces]``,
+    and a pop only advances its cursor until the last piece (one heap operation per task).
     """
 
     def __init__(self, params: SchedulingParams) -> None:
         super().__init__(params)
-        self._heap: list[tuple[int, int, int, SubTask]] = []
+        self._heap: list[list] = []  # [rank_of(task), task.seq, index of the next piece, task.subtasks]
+        self._waiting = 0
+        # release() reads the heap directly; a subclass that changes how it is read keeps the
+        # generic loop (which goes through its overrides).
+        self._plain_heap = not _overrides(type(self), PriorityPolicy, "peek", "pop")
 
-    def push(self, sub: SubTask, now: float) -> None:
-        task = sub.task
-        heappush(self._heap, (self.rank_of(task), task.seq, sub.index, sub))
+    def push(self, task: CommTask, now: float) -> None:
+        heappush(self._heap, [self.rank_of(task), task.seq, 0, task.subtasks])
+        self._waiting += len(task.subtasks)
 
     def rank_of(self, task: CommTask) -> int:
         """The priority number the queue orders by (the task's own, unless a policy derives one)."""
         return task.priority
 
     def peek(self, now: float) -> SubTask | None:
-        return self._heap[0][3] if self._heap else None
+        if not self._heap:
+            return None
+        _, _, piece, pieces = self._heap[0]
+        return pieces[piece]
 
     def pop(self) -> SubTask:
-        return heappop(self._heap)[3]
+        entry = self._heap[0]
+        pieces = entry[3]
+        sub = pieces[entry[2]]
+        entry[2] += 1
+        if entry[2] == len(pieces):
+            heappop(self._heap)
+        self._waiting -= 1
+        return sub
+
+    def release(self, window: Window, now: float) -> list[SubTask]:
+        heap = self._heap
+        if not heap:  # the common case, after a finish
+            return []
+        if not self._plain_heap:
+            return super().release(window, now)
+        admits = self.admits
+        started: list[SubTask] = []
+        while heap:
+            entry = heap[0]
+            _, _, piece, pieces = entry
+            end = len(pieces)
+            while piece < end:
+                sub = pieces[piece]
+                if not admits(sub, window, now):
+                    break
+                window.inflight_bytes += sub.nbytes
+                window.inflight_count += 1
+                started.append(sub)
+                piece += 1
+            if piece < end:  # the head may not start now
+                entry[2] = piece
+                break
+            heappop(heap)
+        self._waiting -= len(started)
+        return started
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._waiting
 
 
 class CreditPolicy(PriorityPolicy):
     """Priority order under a credit window (shared by bytescheduler and tictac)."""
 
+    def __init__(self, params: SchedulingParams) -> None:
+        super().__init__(params)
+        self._plain_credit = self._plain_heap and not _overrides(type(self), CreditPolicy, "admits")
+
     def admits(self, sub: SubTask, window: Window, now: float) -> bool:
         return window.fits(sub.nbytes, self.params.credit_bytes)
+
+    def release(self, window: Window, now: float) -> list[SubTask]:
+        heap = self._heap
+        if not heap:  # the common case, after a finish
+            return []
+        if not self._plain_credit:
+            return super().release(window, now)
+        # PriorityPolicy.release with Window.fits inlined (this loop runs for every sub-task).
+        credit = self.params.credit_bytes
+        inflight_bytes, inflight_count = window.inflight_bytes, window.inflight_count
+        started: list[SubTask] = []
+        while heap:
+            entry = heap[0]
+            _, _, piece, pieces = entry
+            end = len(pieces)
+            while piece < end:
+                nbytes = pieces[piece].nbytes
+                if inflight_count and inflight_bytes + nbytes > credit:
+                    break
+                inflight_bytes += nbytes
+                inflight_count += 1
+                piece += 1
+            started += pieces[entry[2]:piece]
+            if piece < end:  # the head does not fit
+                entry[2] = piece
+                break
+            heappop(heap)
+        window.inflight_bytes, window.inflight_count = inflight_bytes, inflight_count
+        self._waiting -= len(started)
+        return started
+
+
+def _overrides(cls: type, base: type, *names: str) -> bool:
+    """Does ``cls`` replace any of ``base``'s methods ``names``?"""
+    return any(getattr(cls, name) is not getattr(base, name) for name in names)

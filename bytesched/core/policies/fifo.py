@@ -6,7 +6,7 @@ import math
 from collections import deque
 
 from ..config import SchedulingParams
-from ..task import SubTask
+from ..task import CommTask, SubTask
 from .base import Policy, Window
 
 
@@ -23,8 +23,8 @@ class FifoPolicy(Policy):
     def partition_bytes(self) -> float:
         return math.inf
 
-    def push(self, sub: SubTask, now: float) -> None:
-        self._queue.append(sub)
+    def push(self, task: CommTask, now: float) -> None:
+        self._queue.extend(task.subtasks)
 
     def peek(self, now: float) -> SubTask | None:
         return self._queue[0] if self._queue else None

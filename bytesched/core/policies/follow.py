@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from ..task import SubTask
+from ..task import CommTask, SubTask
 from .base import Policy, Window
 from .fifo import FifoPolicy
 
@@ -59,8 +59,9 @@ class FollowOrderPolicy(Policy):
         """Rank 0 started these sub-tasks, in this order."""
         self._order.extend(keys)
 
-    def push(self, sub: SubTask, now: float) -> None:
-        self._ready[sub.key] = sub
+    def push(self, task: CommTask, now: float) -> None:
+        for sub in task.subtasks:
+            self._ready[sub.key] = sub
 
     def peek(self, now: float) -> SubTask | None:
         if not self._order:

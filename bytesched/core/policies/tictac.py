@@ -299,7 +299,7 @@ class TicTacPolicy(CreditPolicy):
             raise TypeError(f"TicTacPolicy.set_graph expects a TicTacGraph, got {type(graph).__name__}")
         order = tac_order(graph) if self.variant == "tac" else tic_order(graph)
         self._ranks = {name: rank for rank, name in enumerate(order)}
-        self._heap = [(self.rank_of(sub.task), seq, index, sub) for _, seq, index, sub in self._heap]
+        self._heap = [[self.rank_of(pieces[0].task), seq, piece, pieces] for _, seq, piece, pieces in self._heap]
         heapq.heapify(self._heap)
 
     @property
