@@ -4,14 +4,12 @@ bandwidth, architecture and topology as the measured job, every configuration as
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ...sim.predict import simulate
 from ...sim.simulator import VANILLA
 from ...sim.profile import ModelProfile
 from .cells import Group
-from .configs import UNLIMITED
 
 
 def predict_group(group: Group, profile: ModelProfile, topology: str) -> dict[str, Any]:
@@ -28,17 +26,16 @@ def predict_group(group: Group, profile: ModelProfile, topology: str) -> dict[st
     defaults = {c.simulated_as for c in group.configurations
                 if c.params.partition_bytes is None and c.simulated_as != VANILLA}
     base = simulate(profile, policies=sorted(defaults) or [VANILLA], **options).predictions[0]
-    unlimited = None
-    if any(c.params == UNLIMITED for c in group.configurations):
-        unlimited = simulate(profile, policies=["bytescheduler"], partition=math.inf, credit=math.inf,
-                                 **options).predictions[0]
+    explicit = {c.params: simulate(profile, policies=[c.simulated_as], partition=c.params.partition_bytes,
+                                   credit=c.params.credit_bytes, **options).predictions[0]
+                for c in group.configurations if c.params.partition_bytes is not None}
     vanilla = base.vanilla.iteration_time
     out: dict[str, Any] = {"cluster": base.cluster.describe(), "compute_time": base.compute_time,
                            "communication_time": base.communication_time,
                            "ideal_speedup": vanilla / base.ideal_time,
                            "ideal_samples_per_second": base.samples_per_second(base.ideal_time), "configs": {}}
     for config in group.configurations:
-        source = unlimited if config.params == UNLIMITED and unlimited is not None else base
+        source = explicit.get(config.params, base)
         result = source.result(config.simulated_as)
         out["configs"][config.name] = {"policy": config.simulated_as, "samples_per_second": result.throughput,
                                        "speedup": vanilla / result.iteration_time}
