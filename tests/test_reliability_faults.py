@@ -27,7 +27,7 @@ from conftest import SCRIPTS, job_processes, require, require_executable, run_jo
 FAULT_TIMEOUT_S = 3
 GRACE_S = 10  # bytesched.core.core.EXIT_GRACE_S
 TRAIN = [sys.executable, str(SCRIPTS / "reliability_train.py"), "--steps", "12", "--step-sleep", "0.05"]
-INTERRUPT_BOUND_S = 20.0
+INTERRUPT_BOUND_S = 30.0  # horovodrun terminates ranks with a grace period; a loaded CI machine adds more
 START_BOUND_S = 120.0  # launch to the injected fault, on a heavily loaded 2-core machine
 AFTER_FAULT_BOUND_S = FAULT_TIMEOUT_S + GRACE_S + 20.0  # detection + exit grace + slack for load
 
