@@ -88,6 +88,24 @@ def test_spread_message_is_paced_by_the_most_loaded_server() -> None:
     assert dict(log) == {"spread": pytest.approx(2.0), "single": pytest.approx(2.0)}
 
 
+def test_spread_message_follows_servers_that_get_busy_and_idle_while_it_moves() -> None:
+    """The loads the fabric keeps per server link stay right as a spread message joins busy
+    servers and single-server messages come and go under it (its pace changes three times)."""
+    loop = EventLoop()
+    fabric = FullDuplexFabric(loop, [100.0, 100.0, 100.0], [1, 1, 1], num_servers=2, server_bandwidth=10.0)
+    log: list[tuple[str, float]] = []
+    fabric.send(1, PUSH, 0, 10.0, 0.0, arrivals(loop, log, "server0"))  # alone on server 0: 10 B/s
+    loop.call_at(0.5, fabric.send, 0, PUSH, SPREAD, 40.0, 0.0, arrivals(loop, log, "spread"))  # 20 B per server
+    loop.call_at(2.5, fabric.send, 2, PUSH, 1, 5.0, 0.0, arrivals(loop, log, "server1"))
+    loop.run()
+    # From 0.5 s server 0 carries two flows at 5 B/s: server0's last 5 B end at 1.5 s, when the
+    # spread has 15 B per server left. Alone it goes at 10 B/s until 2.5 s (5 B left); then
+    # server 1 carries two flows at 5 B/s, and both end at 3.5 s.
+    assert dict(log) == {"server0": pytest.approx(1.5), "spread": pytest.approx(3.5),
+                         "server1": pytest.approx(3.5)}
+    assert len(log) == 3
+
+
 def test_shared_medium_counts_every_worker_and_both_directions() -> None:
     loop = EventLoop()
     fabric = SharedMediumFabric(loop, bandwidth=12.0, multiplicity=[3], num_servers=1)

@@ -10,14 +10,12 @@ from typing import Any, Callable
 
 
 class Event:
-    """A callback due at ``when``; :meth:`cancel` makes the loop skip it (lazy deletion)."""
+    """The handle of a callback scheduled with :meth:`EventLoop.call_at`: :meth:`cancel` makes
+    the loop skip it (lazy deletion)."""
 
-    __slots__ = ("when", "fn", "args", "cancelled")
+    __slots__ = ("cancelled",)
 
-    def __init__(self, when: float, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.when = when
-        self.fn = fn
-        self.args = args
+    def __init__(self) -> None:
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -31,28 +29,29 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.now = 0.0
-        self._heap: list[tuple[float, int, Event]] = []
+        # (when, tie-breaking sequence number, callback, its arguments, its handle if cancellable)
+        self._heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...], Event | None]] = []
         self._seq = 0
         self._stopped = False
 
     def call_at(self, when: float, fn: Callable[..., Any], *args: Any) -> Event:
-        """Run ``fn(*args)`` at virtual time ``when`` (not before now)."""
+        """Run ``fn(*args)`` at virtual time ``when`` (not before now); the returned handle
+        can cancel it."""
         if when < self.now:
             raise ValueError(f"cannot schedule {fn!r} at t={when!r}, before now={self.now!r}")
-        event = Event(when, fn, args)
-        heapq.heappush(self._heap, (when, self._seq, event))
+        event = Event()
+        heapq.heappush(self._heap, (when, self._seq, fn, args, event))
         self._seq += 1
         return event
 
-    def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> Event:
-        """Run ``fn(*args)`` after ``delay`` seconds of virtual time (``delay >= 0``)."""
+    def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` after ``delay`` seconds of virtual time (``delay >= 0``). Not
+        cancellable (no handle to allocate: most events of a simulation are these); use
+        :meth:`call_at` for a callback that may be cancelled."""
         if delay < 0:
             raise ValueError(f"cannot schedule {fn!r} {delay!r}s in the past")
-        when = self.now + delay
-        event = Event(when, fn, args)
-        heapq.heappush(self._heap, (when, self._seq, event))
+        heapq.heappush(self._heap, (self.now + delay, self._seq, fn, args, None))
         self._seq += 1
-        return event
 
     def stop(self) -> None:
         """End :meth:`run` after the current callback."""
@@ -64,11 +63,11 @@ class EventLoop:
         pop = heapq.heappop
         self._stopped = False
         while heap:
-            when, _, event = pop(heap)
-            if event.cancelled:
+            when, _, fn, args, event = pop(heap)
+            if event is not None and event.cancelled:
                 continue
             self.now = when
-            event.fn(*event.args)
+            fn(*args)
             if self._stopped:
                 return True
         return False

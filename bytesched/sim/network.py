@@ -22,7 +22,10 @@ server does not hand its unused share to its siblings).
 Every shared link keeps a virtual clock: the bytes one connection limited by that link has
 received so far. A flow limited by the shared link ends when the clock reaches its mark, so
 a flow joining or leaving a server that 64 workers push to updates one clock and one timer,
-not 64 flows; only flows limited by their own worker's link are re-timed one by one.
+not 64 flows; only flows limited by their own worker's link are re-timed one by one. Each
+shared link also keeps its load current as flows join and leave (a spread flow changes every
+busy server's), so re-rating it is one division; the load is the same sum, in the same order,
+that recomputing it from the per-server counts gives, so no result changes by a bit.
 
 Two topologies, chosen per cluster:
 
@@ -72,11 +75,14 @@ class SharedLink:
     """A link many flows share (a server's NIC in one direction, or the medium), with the
     virtual clock of the flows it limits."""
 
-    __slots__ = ("key", "capacity", "share", "clock", "clock_time", "bound", "free", "marks", "event", "due")
+    __slots__ = ("key", "capacity", "active", "load", "share", "clock", "clock_time", "bound", "free", "marks",
+                 "event", "due")
 
     def __init__(self, key: object, capacity: float) -> None:
         self.key = key
         self.capacity = capacity
+        self.active = 0  # flows crossing it (counted by topologies with several shared links)
+        self.load = 0.0  # connections it divides its capacity among (kept current while flows cross it)
         self.share = 0.0  # bytes/s per connection, as of clock_time
         self.clock = 0.0  # bytes one limited connection received since the start
         self.clock_time = 0.0
@@ -94,8 +100,8 @@ class SharedLink:
 class Flow:
     """One message: ``slices`` connections of ``remaining`` bytes each, with its fixed cost."""
 
-    __slots__ = ("klass", "direction", "server", "slices", "weight", "fixed", "on_done", "seq", "link",
-                 "shared", "state", "remaining", "rate", "t_last", "finish", "mark")
+    __slots__ = ("klass", "direction", "server", "slices", "weight", "fixed", "on_done", "seq", "connection",
+                 "link", "shared", "state", "remaining", "rate", "t_last", "finish", "mark")
 
     def __init__(self, klass: int, direction: int, server: int, slices: int, weight: float,
                  nbytes: float, fixed: float, on_done: Callable[[], None], seq: int) -> None:
@@ -107,7 +113,8 @@ class Flow:
         self.fixed = fixed
         self.on_done = on_done
         self.seq = seq
-        self.link: Link | None = None
+        self.connection: Connection | None = None
+        self.link: Link | None = None  # both set when it begins moving bytes
         self.shared: SharedLink | None = None
         self.state = _NEW
         self.remaining = nbytes / slices  # per connection; exact while NEW or FREE (at t_last)
@@ -117,6 +124,20 @@ class Flow:
         self.mark = math.inf  # when BOUND: the shared clock at which it ends
 
 
+class Connection:
+    """One worker class's FIFO byte stream to one server (or all, :data:`SPREAD`) in one
+    direction: the links it crosses (looked up once) and the messages queued behind the one
+    in flight."""
+
+    __slots__ = ("link", "shared", "busy", "queue")
+
+    def __init__(self, link: Link | None, shared: SharedLink) -> None:
+        self.link = link
+        self.shared = shared
+        self.busy = False
+        self.queue: deque[Flow] = deque()
+
+
 class Fabric(ABC):
     """Moves messages over processor-shared links in virtual time."""
 
@@ -124,7 +145,7 @@ class Fabric(ABC):
         self.loop = loop
         self.num_servers = num_servers
         self.multiplicity = list(multiplicity)
-        self._waiting: dict[tuple[int, int, int], deque[Flow]] = {}  # busy connection -> its queue
+        self._connections: dict[tuple[int, int, int], Connection] = {}  # (klass, direction, server) -> it
         self._seq = count()
 
     def send(self, klass: int, direction: int, server: int, nbytes: float, fixed: float,
@@ -136,13 +157,16 @@ class Fabric(ABC):
         slices = self.num_servers if server == SPREAD else 1
         flow = Flow(klass, direction, server, slices, self.multiplicity[klass], nbytes, fixed, on_done,
                     next(self._seq))
-        channel = (klass, direction, server)
-        queue = self._waiting.get(channel)
-        if queue is None:
-            self._waiting[channel] = deque()
-            self._prepare(flow)
+        connection = self._connections.get((klass, direction, server))
+        if connection is None:
+            connection = self._connections[klass, direction, server] = Connection(self._link_of(flow),
+                                                                                   self._shared_of(flow))
+        flow.connection = connection
+        if connection.busy:
+            connection.queue.append(flow)
         else:
-            queue.append(flow)
+            connection.busy = True
+            self._prepare(flow)
 
     # -- flow life cycle ----------------------------------------------------------------------
     def _prepare(self, flow: Flow) -> None:
@@ -156,14 +180,17 @@ class Fabric(ABC):
             self._finished([flow])
             return
         flow.t_last = self.loop.now
-        flow.link = self._link_of(flow)
-        flow.shared = self._shared_of(flow)
-        changed = [flow]
-        if flow.link is not None:
-            flow.link.load += flow.slices
-            flow.link.flows[flow] = None
-            changed = list(flow.link.flows)
-        self._update(self._join(flow), changed)
+        connection = flow.connection
+        assert connection is not None
+        flow.shared = connection.shared
+        flow.link = link = connection.link
+        if link is None:
+            self._update(self._count(flow, +1), [flow])
+            return
+        link.load += flow.slices
+        flows = link.flows
+        flows[flow] = None
+        self._update(self._count(flow, +1), list(flows))
 
     def _due(self, shared: SharedLink) -> None:
         """The earliest flow(s) on ``shared`` completed."""
@@ -173,42 +200,50 @@ class Fabric(ABC):
         shared.advance(now)
         done: list[Flow] = []
         marks = shared.marks
-        slack = 1e-9 * (1.0 + shared.clock)  # the clock's float rounding, far above 1e-16 relative
+        bound = shared.bound
+        heappop = heapq.heappop
+        limit = shared.clock + 1e-9 * (1.0 + shared.clock)  # the clock's float rounding, far above 1e-16 relative
         while marks:
             mark, _, flow = marks[0]
             if flow.state != _BOUND or flow.shared is not shared or flow.mark != mark:
-                heapq.heappop(marks)  # stale: the flow was re-timed since
-            elif mark <= shared.clock + slack:
-                heapq.heappop(marks)
-                del shared.bound[flow]
+                heappop(marks)  # stale: the flow was re-timed since
+            elif mark <= limit:
+                heappop(marks)
+                del bound[flow]
                 done.append(flow)
             else:
                 break
-        for flow in [f for f in shared.free if f.finish <= now]:
-            del shared.free[flow]
-            done.append(flow)
-        groups: list[SharedLink] = [shared]
+        if shared.free:
+            for flow in [f for f in shared.free if f.finish <= now]:
+                del shared.free[flow]
+                done.append(flow)
+        groups: dict[SharedLink, None] = {shared: None}
         changed: list[Flow] = []
+        count = self._count
         for flow in done:
             flow.state = _DONE
             flow.remaining = 0.0
-            if flow.link is not None:
-                flow.link.load -= flow.slices
-                del flow.link.flows[flow]
-                changed += flow.link.flows
-            groups += self._leave(flow)
-        self._update(groups, [f for f in changed if f.state != _DONE])
+            link = flow.link
+            if link is not None:
+                link.load -= flow.slices
+                flows = link.flows
+                del flows[flow]
+                if flows:
+                    changed += flows
+            for group in count(flow, -1):
+                groups[group] = None
+        self._update(list(groups), [f for f in changed if f.state != _DONE])
         self._finished(done)
 
     def _finished(self, flows: list[Flow]) -> None:
         """Start the next message of each flow's connection, then report the flows done."""
         for flow in flows:
-            channel = (flow.klass, flow.direction, flow.server)
-            queue = self._waiting[channel]
-            if queue:
-                self._prepare(queue.popleft())
+            connection = flow.connection
+            assert connection is not None
+            if connection.queue:
+                self._prepare(connection.queue.popleft())
             else:
-                del self._waiting[channel]
+                connection.busy = False
         for flow in flows:
             flow.on_done()
 
@@ -217,43 +252,61 @@ class Fabric(ABC):
         """Shared links ``groups`` changed load and ``flows`` their own link's load: bring
         every affected shared link's clock, its flows' limits and its timer up to date."""
         now = self.loop.now
+        if len(groups) == 1:  # the common case: one shared link, which every flow crosses
+            shared = groups[0]
+            for flow in flows:
+                if flow.shared is not shared:
+                    break
+            else:
+                self._update_shared(shared, flows, now)
+                return
         touched: dict[SharedLink, list[Flow]] = {g: [] for g in groups}
         for flow in flows:
             touched.setdefault(flow.shared, []).append(flow)  # type: ignore[arg-type]
         for shared, own in touched.items():
-            shared.advance(now)
-            old = shared.share
-            shared.share = new = self._share(shared)
-            check = own
-            if new > old:  # flows it held back may now be held back by their worker's link
-                check = own + [f for f in shared.bound if f.link is not None and f.link.capacity / f.link.load < new]
-            elif new < old:
-                check = own + [f for f in shared.free if f.link.capacity / f.link.load > new]  # type: ignore[union-attr]
-            for flow in check:
-                self._classify(flow, shared, now)
-            self._retime(shared)
+            self._update_shared(shared, own, now)
+
+    def _update_shared(self, shared: SharedLink, own: list[Flow], now: float) -> None:
+        """``shared``'s load changed (or that of the own links of ``own``, which cross it):
+        advance its clock, re-limit the flows whose bottleneck may have moved, re-time it."""
+        shared.clock += shared.share * (now - shared.clock_time)  # shared.advance(now), inlined: hot
+        shared.clock_time = now
+        old = shared.share
+        load = shared.load
+        shared.share = new = shared.capacity / load if load > 0 else 0.0
+        check = own
+        if new > old:  # flows it held back may now be held back by their worker's link
+            check = own + [f for f in shared.bound if f.link is not None and f.link.capacity / f.link.load < new]
+        elif new < old and shared.free:
+            check = own + [f for f in shared.free if f.link.capacity / f.link.load > new]  # type: ignore[union-attr]
+        for flow in check:
+            self._classify(flow, shared, now)
+        self._retime(shared)
 
     def _classify(self, flow: Flow, shared: SharedLink, now: float) -> None:
         """Put ``flow`` under the limit of whichever of its links gives it less."""
-        if flow.state == _BOUND:
+        state = flow.state
+        if state == _BOUND:
             remaining = flow.mark - shared.clock
-        elif flow.state == _FREE:
+        elif state == _FREE:
             remaining = flow.remaining - flow.rate * (now - flow.t_last)
         else:
             remaining = flow.remaining
-        remaining = max(remaining, 0.0)
-        own = flow.link.capacity / flow.link.load if flow.link is not None else math.inf
+        if remaining < 0.0:
+            remaining = 0.0
+        link = flow.link
+        own = link.capacity / link.load if link is not None else math.inf
         if own >= shared.share:
-            if flow.state == _BOUND:
+            if state == _BOUND:
                 return  # still following the clock; its mark stands
-            if flow.state == _FREE:
+            if state == _FREE:
                 del shared.free[flow]
             flow.state = _BOUND
-            flow.mark = shared.clock + remaining
+            flow.mark = mark = shared.clock + remaining
             shared.bound[flow] = None
-            heapq.heappush(shared.marks, (flow.mark, flow.seq, flow))
+            heapq.heappush(shared.marks, (mark, flow.seq, flow))
         else:
-            if flow.state == _BOUND:
+            if state == _BOUND:
                 del shared.bound[flow]  # its mark in the heap is now stale
             flow.state = _FREE
             flow.remaining = remaining
@@ -264,17 +317,21 @@ class Fabric(ABC):
 
     def _retime(self, shared: SharedLink) -> None:
         marks = shared.marks
-        while marks and (marks[0][2].state != _BOUND or marks[0][2].shared is not shared
-                         or marks[0][2].mark != marks[0][0]):
-            heapq.heappop(marks)
-        due = shared.clock_time + (marks[0][0] - shared.clock) / shared.share if marks else math.inf
+        while marks:
+            mark, _, flow = marks[0]
+            if flow.state == _BOUND and flow.shared is shared and flow.mark == mark:
+                due = shared.clock_time + (mark - shared.clock) / shared.share
+                break
+            heapq.heappop(marks)  # stale: the flow was re-timed or left since
+        else:
+            due = math.inf
         for flow in shared.free:
             if flow.finish < due:
                 due = flow.finish
         if due == shared.due:
             return
         if shared.event is not None:
-            shared.event.cancel()
+            shared.event.cancelled = True  # Event.cancel(), without the call
             shared.event = None
         shared.due = due
         if due < math.inf:
@@ -290,16 +347,10 @@ class Fabric(ABC):
         """The shared link the flow crosses (a server's NIC, or the medium)."""
 
     @abstractmethod
-    def _join(self, flow: Flow) -> list[SharedLink]:
-        """Count ``flow`` on the shared links; return those whose share changed."""
-
-    @abstractmethod
-    def _leave(self, flow: Flow) -> list[SharedLink]:
-        """Stop counting ``flow``; return the shared links whose share changed."""
-
-    @abstractmethod
-    def _share(self, shared: SharedLink) -> float:
-        """Bytes/s one connection gets from ``shared`` right now."""
+    def _count(self, flow: Flow, sign: int) -> list[SharedLink]:
+        """Count ``flow`` on its shared links (``sign`` +1, it joins) or stop counting it (-1,
+        it leaves): bring the ``load`` of those links up to date and return those whose load
+        changed."""
 
     @abstractmethod
     def allreduce_seconds(self, nbytes: float, workers: int) -> float:
@@ -332,7 +383,8 @@ class FullDuplexFabric(Fabric):
         self._own = ([0.0] * num_servers, [0.0] * num_servers)  # per direction, per server
         self._spread = [0.0, 0.0]
         self._max_own = [0.0, 0.0]
-        self._busy: tuple[dict[SharedLink, int], dict[SharedLink, int]] = ({}, {})  # server -> flows
+        # per direction, the server links flows cross (an ordered set: the order they got busy)
+        self._busy: tuple[dict[SharedLink, None], dict[SharedLink, None]] = ({}, {})
 
     def _link_of(self, flow: Flow) -> Link:
         return self.worker_links[flow.klass][flow.direction]
@@ -342,40 +394,37 @@ class FullDuplexFabric(Fabric):
             return self._spread_link[flow.direction]
         return self._servers[flow.direction][flow.server]
 
-    def _join(self, flow: Flow) -> list[SharedLink]:
-        return self._count(flow, +1)
-
-    def _leave(self, flow: Flow) -> list[SharedLink]:
-        return self._count(flow, -1)
-
     def _count(self, flow: Flow, sign: int) -> list[SharedLink]:
         d = flow.direction
         busy = self._busy[d]
         shared = flow.shared
         assert shared is not None
-        busy[shared] = busy.get(shared, 0) + sign
-        if not busy[shared]:
+        active = shared.active = shared.active + sign
+        if active == sign:  # it was idle
+            busy[shared] = None
+        elif not active:
             del busy[shared]
-        if flow.server == SPREAD:
-            self._spread[d] = max(0.0, self._spread[d] + sign * flow.weight)
-            self._max_own[d] = max(self._own[d])
-            return list(busy)  # every server's load changed
         own = self._own[d]
-        own[flow.server] = max(0.0, own[flow.server] + sign * flow.weight)
+        if flow.server == SPREAD:
+            spread = self._spread[d] = max(0.0, self._spread[d] + sign * flow.weight)
+            self._max_own[d] = top = max(own)
+            shared.load = top + spread
+            for link in busy:  # every server's load changed
+                if link is not shared:
+                    link.load = own[link.key[1]] + spread  # type: ignore[index]
+            return list(busy)
+        load = own[flow.server] + sign * flow.weight
+        own[flow.server] = load = load if load > 0.0 else 0.0  # max(0.0, load), without the call
+        shared.load = load + self._spread[d]
         changed = [shared]
-        spread = self._spread_link[d]
-        if spread in busy:
+        spread_link = self._spread_link[d]
+        if spread_link in busy:
             new_max = max(own)
             if new_max != self._max_own[d]:
                 self._max_own[d] = new_max
-                changed.append(spread)
+                spread_link.load = new_max + self._spread[d]
+                changed.append(spread_link)
         return changed
-
-    def _share(self, shared: SharedLink) -> float:
-        d, server = shared.key  # type: ignore[misc]
-        own = self._max_own[d] if server == SPREAD else self._own[d][server]
-        load = own + self._spread[d]
-        return shared.capacity / load if load > 0 else 0.0
 
     def allreduce_seconds(self, nbytes: float, workers: int) -> float:
         return 2 * (workers - 1) / workers * nbytes / self._slowest  # the ring goes at its slowest link
@@ -392,7 +441,6 @@ class SharedMediumFabric(Fabric):
         if not bandwidth > 0:
             raise ValueError(f"medium capacity must be > 0 bytes/s, got {bandwidth!r}")
         self.medium = SharedLink("medium", bandwidth)
-        self._load = 0.0
 
     def _link_of(self, flow: Flow) -> None:
         return None
@@ -400,16 +448,13 @@ class SharedMediumFabric(Fabric):
     def _shared_of(self, flow: Flow) -> SharedLink:
         return self.medium
 
-    def _join(self, flow: Flow) -> list[SharedLink]:
-        self._load += flow.weight * flow.slices
-        return [self.medium]
-
-    def _leave(self, flow: Flow) -> list[SharedLink]:
-        self._load = max(0.0, self._load - flow.weight * flow.slices)
-        return [self.medium]
-
-    def _share(self, shared: SharedLink) -> float:
-        return shared.capacity / self._load if self._load > 0 else 0.0
+    def _count(self, flow: Flow, sign: int) -> list[SharedLink]:
+        medium = self.medium
+        if sign > 0:
+            medium.load += flow.weight * flow.slices
+        else:
+            medium.load = max(0.0, medium.load - flow.weight * flow.slices)
+        return [medium]
 
     def allreduce_seconds(self, nbytes: float, workers: int) -> float:
         # Each of the 2(n-1) ring steps moves nbytes/n from every worker over the one medium.
