@@ -36,7 +36,7 @@ class Framework:
     """The configurations that make sense on this stack."""
 
 
-_ALLREDUCE = ("vanilla", "bytescheduler", "tuned", "off", "fifo", "p3", "prophet", "tictac")
+_ALLREDUCE = ("vanilla", "bytescheduler", "bytescheduler-fit", "tuned", "off", "fifo", "p3", "prophet", "tictac")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_ALLREDUCE[1:])),
