@@ -55,13 +55,13 @@ class Backend(ABC):
         """Block until every rank got here (used between two Cores' rank-0 channels)."""
 
     @abstractmethod
-    def sum_int(self, value: int) -> int:
-        """The sum of ``value`` over every rank (a blocking collective every rank must call)."""
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        """``[size, n]``: every rank's 1-D int64 ``local``, row r from rank r (a blocking collective
+        every rank must call, with the same ``n``)."""
 
     def broadcast_int(self, value: int) -> int:
-        """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port.
-        A sum where the others contribute 0, so no library's notion of a root rank is involved."""
-        return self.sum_int(value if self.rank == 0 else 0)
+        """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""
+        return int(self.all_gather(torch.tensor([value], dtype=torch.int64))[0, 0])
 
     def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         """The unbound ``step`` that updates parameters without communicating."""

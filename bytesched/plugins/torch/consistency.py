@@ -32,19 +32,6 @@ def digest(tensor: torch.Tensor) -> int:
     return int((raw * weights).sum())
 
 
-def _gather(backend: Backend, local: torch.Tensor) -> torch.Tensor:
-    """``[size, n]``: every rank's ``local`` (an int64 vector), via the backend's library (over the
-    backend's process set or group; Backend has no all-gather of its own yet)."""
-    if backend.name == "horovod":
-        import horovod.torch as hvd
-        return hvd.allgather(local.unsqueeze(0), name="bytesched.check",
-                             process_set=backend._process_set)  # type: ignore[attr-defined]
-    import torch.distributed as dist
-    parts = [torch.empty_like(local) for _ in range(backend.size)]
-    dist.all_gather(parts, local, group=backend._group)  # type: ignore[attr-defined]
-    return torch.stack(parts)
-
-
 class ConsistencyCheck:
     """Compares parameter digests across ranks every ``every`` steps (one small all-gather)."""
 
@@ -64,7 +51,7 @@ class ConsistencyCheck:
             return
         self._wait_applied()
         local = torch.tensor([digest(slot.param) for slot in self._slots], dtype=torch.int64)
-        every_rank = _gather(self._backend, local)
+        every_rank = self._backend.all_gather(local)
         differs = (every_rank != every_rank[0]).any(dim=0).nonzero()
         if len(differs):
             index = int(differs[0])

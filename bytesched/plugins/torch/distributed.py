@@ -36,10 +36,10 @@ class DistributedBackend(Backend):
     def barrier(self) -> None:
         dist.barrier(group=self._group)
 
-    def sum_int(self, value: int) -> int:
-        total = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self._group)
-        return int(total.item())
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local, group=self._group)
+        return torch.stack(parts)
 
     def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
         return flat_wire(grad), None

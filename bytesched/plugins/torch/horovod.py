@@ -166,10 +166,8 @@ class HorovodBackend(Backend):
     def barrier(self) -> None:
         self._hvd.barrier(process_set=self._process_set)
 
-    def sum_int(self, value: int) -> int:
-        total = self._hvd.allreduce(torch.tensor([value], dtype=torch.int64), op=self._hvd.Sum,
-                                    name="bytesched.sum_int", process_set=self._process_set)
-        return int(total.item())
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        return self._hvd.allgather(local.unsqueeze(0), name="bytesched.all_gather", process_set=self._process_set)
 
     def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
         return self._compression.compress(flat_wire(grad))
