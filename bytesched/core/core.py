@@ -114,7 +114,6 @@ class Core:
         so that the most frequent event costs no Python call and no tuple."""
         self._thread: threading.Thread | None = None
         self._accepting = True
-        self._enqueued: dict[str, int] = {}  # tasks enqueued per name (framework threads count them)
         self._stall_query: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
@@ -161,7 +160,6 @@ class Core:
         """Hand ``task`` to the Core; with ``ready=True`` it is also ready (saves one event)."""
         self._check_accepting(task)
         task.core = self
-        self._enqueued[task.name] = self._enqueued.get(task.name, 0) + 1
         self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
     def post_ready(self, task: CommTask) -> None:
@@ -357,7 +355,7 @@ class Core:
         for task in self.scheduler.unfinished():
             if task.name == name and task.instance == instance:
                 return index < len(task.subtasks) and not math.isnan(task.subtasks[index].t_start)
-        return instance < self._enqueued.get(name, 0)  # finished already, or not produced yet
+        return instance < self.scheduler.instances(name)  # finished already, or not enqueued yet
 
     def _waiting_for(self, now: float) -> str:
         unfinished = self.scheduler.unfinished()

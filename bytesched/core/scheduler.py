@@ -161,6 +161,10 @@ class Scheduler:
         stats, self.stats = self.stats, Stats()
         return stats
 
+    def instances(self, name: str) -> int:
+        """How many tasks called ``name`` were enqueued (the next one's ``instance``)."""
+        return self._instances.get(name, 0)
+
     def unfinished(self) -> list[CommTask]:
         """Tasks enqueued but not completely finished, oldest first."""
         return sorted(self._unfinished.values(), key=lambda t: t.seq)
