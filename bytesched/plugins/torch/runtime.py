@@ -1,14 +1,16 @@
-"""This process's Core, its timeline (``BYTESCHED_TIMELINE``) and, when followers obey rank 0's
-order or tuning is on, its rank-0 channel.
+"""This process's Core, its timeline (``BYTESCHED_TIMELINE``) and, in multi-rank jobs, its
+rank-0 channel.
 
 One Core serves every ScheduledOptimizer of the process (a GAN's two optimizers share it). The
 plugin picks the Core's order mode from the backend (``immediate`` for Horovod, ``rank0`` for
-torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise, and opens the rank-0 channel that
-the ``rank0`` mode needs, and that tuning needs in either mode (rank 0 broadcasts each trial's
-sizes over it, see :mod:`bytesched.tuning.session`). The channel belongs to the Core it was
-opened for: when a later optimizer needs a Core with another configuration (after
-:func:`bytesched.core.shutdown`), the old channel is closed and, after a barrier so that no rank
-connects to the old one, a new one is opened.
+torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise, and opens the rank-0 channel (see
+:func:`needs_channel`): the ``rank0`` mode needs it for the start order, tuning for each trial's
+sizes (:mod:`bytesched.tuning.session`), and fault detection for its heartbeats
+(``BYTESCHED_FAULT_TIMEOUT_S``, on by default). Unless ``BYTESCHED_CHANNEL_PORT`` is set, rank 0
+listens on a free port and announces it through the backend (:meth:`Backend.broadcast_int`). The
+channel belongs to the Core it was opened for: when a later optimizer needs a Core with another
+configuration (after :func:`bytesched.core.shutdown`), the old channel is closed and, after a
+barrier so that no rank connects to the old one, a new one is opened.
 """
 
 from __future__ import annotations
