@@ -13,7 +13,8 @@ from typing import Callable
 import pytest
 
 from bytesched.core import Config, ConfigError, Core, SchedulingParams, SubTask
-from bytesched.core.timeline import FLUSH_EVERY, ChromeTimeline, open_timeline, timeline_path
+from bytesched.core.timeline import (LOOP_TRACKS, FLUSH_EVERY, ChromeTimeline, active_timeline, open_timeline,
+                                     timeline_path)
 
 from coretools import BufferTask
 
@@ -112,7 +113,7 @@ def test_overlapping_instances_of_one_partition_get_their_own_lane(tmp_path: Pat
     timeline.close()
     events = json.loads((tmp_path / "tl.json").read_text())
     names, spans = spans_by_track(events)
-    assert sorted(names.values()) == ["w [0]", "w [0] (2)"]
+    assert sorted(names.values()) == ["w [0]", "w [0] (2)"]  # no training-loop track unless used
     assert all(e["pid"] == 3 for e in events)
     for track in spans.values():
         assert len(track) == 2 and track[0]["ts"] + track[0]["dur"] == pytest.approx(track[1]["ts"])
@@ -151,3 +152,37 @@ def test_events_are_streamed_in_chunks_and_a_full_disk_stops_only_the_timeline(
         core.shutdown(timeout=10)
     assert core.failure is None and all(t.finished_callbacks == 1 for t in tasks)
     assert "timeline /dev/full: write failed" in caplog.text
+
+
+def test_training_loop_spans_get_their_own_tracks_above_the_partitions_from_any_thread(tmp_path: Path) -> None:
+    config = Config(timeline=str(tmp_path / "tl.json"))
+    timeline = open_timeline(config, rank=1, world_size=2)
+    assert timeline is not None and active_timeline() is timeline  # where a plugin adds its spans
+    offset_us = (time.time() - time.monotonic()) * 1e6
+    threads = [threading.Thread(target=lambda i=i: [timeline.span(name, 10.0 + i, 10.5 + i, step=i, tensor=None)
+                                                    for name in ("step", "forward", "backward")])
+               for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    timeline.span("forward wait", 20.0, 20.25, step=3, tensor='fc "1".weight')
+    with pytest.raises(ValueError, match="timeline span 'optimizer'"):
+        timeline.span("optimizer", 1.0, 2.0, step=0)
+    timeline.close()
+    assert active_timeline() is None
+    timeline.span("step", 30.0, 31.0, step=9)  # after close: ignored, not an error
+
+    events = json.loads((tmp_path / "tl.1.json").read_text())
+    names, spans = spans_by_track(events)
+    sort_index = {e["tid"]: e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"}
+    assert sorted(names.values()) == sorted(LOOP_TRACKS)
+    assert [sort_index[tid] for tid in sorted(names, key=lambda t: sort_index[t])] == [-4, -3, -2, -1]
+    assert [names[tid] for tid in sorted(names, key=lambda t: sort_index[t])] == list(LOOP_TRACKS)
+    for tid, track in spans.items():
+        assert {e["name"] for e in track} == {names[tid]} and all(e["pid"] == 1 for e in track)
+    wait = spans[next(t for t, n in names.items() if n == "forward wait")]
+    assert len(wait) == 1 and wait[0]["args"] == {"step": 3, "tensor": 'fc "1".weight'}
+    assert wait[0]["ts"] == pytest.approx(20.0 * 1e6 + offset_us, abs=5e3) and wait[0]["dur"] == pytest.approx(2.5e5)
+    steps = spans[next(t for t, n in names.items() if n == "step")]
+    assert sorted(e["args"]["step"] for e in steps) == list(range(8))

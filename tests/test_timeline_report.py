@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from bytesched.analysis.stalls import find_stalls
-from bytesched.analysis.steps import overlap, union_length
+from bytesched.analysis.steps import overlap, summarise_rank, union_length
 from bytesched.analysis.timeline_command import analyse
 from bytesched.analysis.trace import TraceError, read_trace
 from bytesched.core import Config, Core, SchedulingParams, SubTask
 from bytesched.cli import main
-from bytesched.core.timeline import open_timeline
+from bytesched.core.timeline import ChromeTimeline, open_timeline
 
 from coretools import BufferTask
 
@@ -109,7 +109,8 @@ def test_steps_periods_and_communication_come_from_the_recorded_subtasks(two_ran
     assert all(s.iteration_s > LATE_S for s in late)
     # Rank 0 finished backward long before conv2 (and then conv1) came back: forward waited for them.
     rank0 = next(s for s in late if s.rank == 0)
-    assert rank0.forward_waits[0].tensor in ("conv1", "conv2") and rank0.forward_waits[0].wait_bound_s > LATE_S / 2
+    assert rank0.forward_waits[0].tensor in ("conv1", "conv2") and rank0.forward_waits[0].wait_s > LATE_S / 2
+    assert not rank0.forward_waits[0].measured  # a Core-only trace has no forward events: a bound
 
 
 def test_the_late_rank_is_named_for_the_stalled_tensor(two_rank_trace) -> None:
@@ -169,3 +170,49 @@ def test_the_command_prints_json_and_draws_a_gantt_chart_per_rank(two_rank_trace
     assert "rank 1" in text and "waited for rank 1" in text and "not in the timeline: compute spans" in text
     assert main(argv[:2] + ["--compute-ms", "0"]) == 2
     assert "--compute-ms must be > 0" in capsys.readouterr().err
+
+
+def test_alpha_and_forward_waits_come_from_the_recorded_loop_on_a_synthetic_trace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Written by the real writer, read back and analysed; every figure computed by hand (equal up
+    to the file's resolution: wall-clock microseconds, about 1e-7 s as a double)."""
+    timeline = ChromeTimeline(tmp_path / "tl.json", rank=0)
+    for n, (begin, end) in enumerate([(1.000, 1.060), (1.100, 1.150), (1.180, 1.190)]):
+        timeline.span("step", begin, end, n)
+    timeline.span("forward", 1.000, 1.020, 0)
+    timeline.span("backward", 1.025, 1.055, 0)
+    timeline.span("forward", 1.100, 1.130, 1)
+    timeline.span("forward wait", 1.105, 1.117, 1, tensor="w1")  # w2 of step 0 was still in flight
+    timeline.span("backward", 1.135, 1.145, 1)
+    timeline.span("forward", 1.180, 1.185, 2)
+    for name, instance, flight in [("w1", 0, (1.030, 1.070)), ("w2", 0, (1.050, 1.117)), ("w1", 1, (1.140, 1.160)),
+                                   ("w2", 1, (1.142, 1.150))]:
+        task = BufferTask(name, int(name[1]), 8)
+        task.instance = instance
+        sub = SubTask(task, 0, 8, None)
+        sub.t_ready, (sub.t_start, sub.t_finish) = flight[0], flight
+        timeline.record(sub)
+    timeline.close()
+
+    trace = read_trace([str(tmp_path / "tl.json")])
+    step0, step1, step2 = summarise_rank(trace.records, trace.loop)
+    # Step 0: T = 100 ms; in flight 1.030-1.100 (w2 runs on into step 1) = 70 ms; C = 20 + 30 ms.
+    assert (step0.iteration_s, step0.comm_s, step0.compute_s) == pytest.approx((0.100, 0.070, 0.050), abs=1e-6)
+    assert (step0.alpha, step0.rho, step0.utilisation) == pytest.approx((20 / 50, 70 / 50, 50 / 100), abs=1e-4)
+    assert step0.forward_waits == [] and step0.forward_wait_s == 0
+    # Step 1: T = 80 ms; in flight 1.100-1.117 and 1.140-1.160 = 37 ms; C = 30 - 12 + 10 = 28 ms.
+    assert (step1.iteration_s, step1.comm_s, step1.compute_s) == pytest.approx((0.080, 0.037, 0.028), abs=1e-6)
+    assert (step1.alpha, step1.utilisation) == pytest.approx(((37 + 28 - 80) / 28, 28 / 80), abs=1e-4)
+    assert [(w.tensor, w.measured) for w in step1.forward_waits] == [("w1", True)]
+    assert step1.forward_waits[0].wait_s == pytest.approx(0.012, abs=1e-6)
+    assert step1.comm_free_s == pytest.approx(0.080 - 0.037, abs=1e-6) and step1.subtasks == 2
+    assert step2.iteration_s is None and step2.alpha is None and step2.subtasks == 0
+
+    assert main(["timeline", str(tmp_path / "tl.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["not_recorded"] == [] and report["steps"][1]["forward_waits"] == [
+        {"tensor": "w1", "wait_s": pytest.approx(0.012, abs=1e-6), "measured": True}]
+    # --compute-ms overrides the measured C (for traces of older versions it is the only C).
+    assert main(["timeline", str(tmp_path / "tl.json"), "--json", "--compute-ms", "40"]) == 0
+    step0_override = json.loads(capsys.readouterr().out)["steps"][0]
+    assert step0_override["alpha"] == pytest.approx((70 + 40 - 100) / 40, abs=1e-4)

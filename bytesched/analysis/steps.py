@@ -1,39 +1,47 @@
-"""Per-step figures of one rank: iteration time, communication time, the overlap coefficient α and
-utilisation (TicTac §3.2), and the tensors the next forward pass may have waited for.
+"""Per-step figures of one rank: iteration time, communication and computation time, the overlap
+coefficient α and utilisation (TicTac §3.2), and what the forward pass waited for.
 
-What the timeline holds is the communication side only: when each gradient partition became
-ready (backward produced it), started and finished. So:
+A trace of the PyTorch plugin has the training loop's spans (:mod:`bytesched.plugins.torch.timeline`)
+next to the sub-tasks, and then everything is measured. Step ``n`` is the optimizer's ``n``-th
+``step()``, and its gradients are the ``n``-th instance of each tensor's task:
 
-- a *step* is a task instance: the n-th gradient of every tensor belongs to step n;
-- the iteration time ``T`` of step n is the time from its first ready gradient to step n+1's
-  (one full period of the training loop; the last step has none);
-- the communication time ``N`` is the length of the union of step n's in-flight spans;
-- the computation time ``C`` is not in the timeline (no compute spans): it is given by the user
-  (``--compute-ms``, e.g. the iteration time of a single-rank run without communication), and
-  only then are ``α = (N + C - T) / min(N, C)`` and ``U = 1 / (1 + ρ - α·min(ρ, 1))`` with
-  ``ρ = N / C`` (equal to ``C / T``) reported. ``comm_free`` (time in the period with nothing in
-  flight, necessarily spent computing or idle) is a lower bound of ``C`` that needs no input;
-- the forward pass of step n+1 reads tensor i no earlier than backward of step n ended (its last
-  ready gradient) and not before tensor i's communication finished, so ``finish_i - last_ready``
-  bounds from above how long forward waited for tensor i. The timeline has no forward events, so
-  an upper bound is what it can tell.
+- the iteration time ``T`` of step n runs from its marker's begin (its first forward pass) to step
+  n+1's (one full period of the training loop; the last step has none);
+- the communication time ``N`` is the time within that period with some sub-task in flight (of
+  any step: crossing the barrier, step n-1's communication runs during step n's forward pass);
+- the computation time ``C`` is step n's forward time minus its forward waits, plus its backward
+  time (first to last ready gradient); both lie in the period, so ``T >= max(N, C)`` and α <= 1;
+- ``α = (N + C - T) / min(N, C)`` and ``U = 1 / (1 + ρ - α·min(ρ, 1))`` with ``ρ = N / C``
+  (``U`` comes to ``C / T``);
+- the forward waits of step n are the recorded blocks of its forward pass on a parameter whose
+  update (from step n-1's communication) was pending: exact durations.
+
+Traces of older versions (and of plugins that record no compute) lack those spans. Then a step is
+a task instance, ``T`` runs from its first ready gradient to the next step's, ``N`` is the union
+of the step's own in-flight spans, ``C`` must be given (``compute_s``; without it α and U are
+not reported), and a forward wait is only bounded from above: the forward pass of step n+1 reads tensor i no earlier than backward of step n ended (its
+last ready gradient) and not before tensor i's communication finished, so at most
+``finish_i - last_ready``. A given ``compute_s`` also overrides a measured ``C``. In both cases
+``comm_free`` is the time in the period with nothing in flight (spent computing or idle), and the
+last step, which has no period, reports the union of its own in-flight spans as ``N``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from .trace import SubTaskRecord
+from .trace import LoopSpan, SubTaskRecord
 
 
 @dataclass(frozen=True)
 class ForwardWait:
-    """How long after backward ended a tensor's communication finished (see module doc)."""
+    """The forward pass waited ``wait_s`` for ``tensor``: measured, or an upper bound."""
 
     tensor: str
-    priority: int
-    wait_bound_s: float
+    wait_s: float
+    measured: bool
 
 
 @dataclass
@@ -46,8 +54,10 @@ class StepSummary:
     iteration_s: float | None
     comm_s: float
     comm_free_s: float | None
-    backward_span_s: float  # first to last ready gradient: the part of backward the trace sees
+    backward_span_s: float  # first to last ready gradient
     queued_max_s: float
+    compute_s: float | None = None  # measured, or the given override
+    forward_wait_s: float | None = None  # all measured forward waits of this step
     alpha: float | None = None
     rho: float | None = None
     utilisation: float | None = None
@@ -75,13 +85,52 @@ def overlap(comm_s: float, compute_s: float, iteration_s: float) -> tuple[float,
     return alpha, rho, 1.0 / (1.0 + rho - alpha * min(rho, 1.0))
 
 
-def summarise_rank(records: list[SubTaskRecord], *, compute_s: float | None = None,
-                   waits_per_step: int = 3) -> list[StepSummary]:
-    """The steps of one rank's ``records``, in order."""
+def summarise_rank(records: list[SubTaskRecord], loop: Sequence[LoopSpan] = (), *,
+                   compute_s: float | None = None, waits_per_step: int = 3) -> list[StepSummary]:
+    """The steps of one rank's ``records`` and training-loop spans ``loop``, in order: keyed by the
+    step markers when there are any, else by task instance."""
     by_step: dict[int, list[SubTaskRecord]] = defaultdict(list)
     for record in records:
         by_step[record.step].append(record)
-    all_flights = [(r.start, r.finish) for r in records]
+    markers = {s.step: s for s in loop if s.kind == "step"}
+    if markers:
+        return _measured_steps(by_step, markers, loop, compute_s, waits_per_step)
+    return _instance_steps(by_step, compute_s, waits_per_step)
+
+
+def _measured_steps(by_step: dict[int, list[SubTaskRecord]], markers: dict[int, LoopSpan], loop: Sequence[LoopSpan],
+                    compute_override: float | None, keep: int) -> list[StepSummary]:
+    spans: dict[tuple[str, int], list[LoopSpan]] = defaultdict(list)
+    for span in loop:
+        spans[span.kind, span.step].append(span)
+    all_flights = [(r.start, r.finish) for subs in by_step.values() for r in subs]
+    rank = next(iter(markers.values())).rank
+    has_compute = any(s.kind == "forward" for s in loop)  # else step markers only (the MXNet plugin)
+    summaries = []
+    for n in sorted(markers):
+        begin = markers[n].begin
+        nxt = markers[n + 1].begin if n + 1 in markers else None
+        subs = by_step.get(n, [])
+        if has_compute:
+            waits = spans["forward wait", n]
+            wait_s: float | None = sum(w.length for w in waits)
+            backward_s = sum(b.length for b in spans["backward", n])
+            compute: float | None = sum(f.length for f in spans["forward", n]) - wait_s + backward_s
+            longest = [ForwardWait(w.tensor or "?", w.length, True)
+                       for w in sorted(waits, key=lambda w: -w.length)[:keep]]
+        else:
+            last_ready = max((r.ready for r in subs), default=begin)
+            backward_s = last_ready - min((r.ready for r in subs), default=begin)
+            compute, wait_s, longest = None, None, _wait_bounds(subs, last_ready, keep)
+        summaries.append(_summary(rank, n, subs, begin, nxt, all_flights, backward_s,
+                                  compute if compute_override is None else compute_override, longest, wait_s,
+                                  measured=True))
+    return summaries
+
+
+def _instance_steps(by_step: dict[int, list[SubTaskRecord]], compute_s: float | None,
+                    keep: int) -> list[StepSummary]:
+    all_flights = [(r.start, r.finish) for subs in by_step.values() for r in subs]
     steps = sorted(by_step)
     first_ready = {s: min(r.ready for r in by_step[s]) for s in steps}
     summaries = []
@@ -89,28 +138,38 @@ def summarise_rank(records: list[SubTaskRecord], *, compute_s: float | None = No
         subs = by_step[s]
         last_ready = max(r.ready for r in subs)
         nxt = first_ready[steps[i + 1]] if i + 1 < len(steps) and steps[i + 1] == s + 1 else None
-        iteration = None if nxt is None else nxt - first_ready[s]
-        summary = StepSummary(
-            rank=subs[0].rank, step=s, subtasks=len(subs), iteration_s=iteration,
-            comm_s=union_length([(r.start, r.finish) for r in subs]),
-            comm_free_s=None if nxt is None else iteration - union_length(all_flights, first_ready[s], nxt),
-            backward_span_s=last_ready - first_ready[s], queued_max_s=max(r.queued for r in subs),
-            forward_waits=_forward_waits(subs, last_ready, waits_per_step))
-        if compute_s is not None and iteration is not None and summary.comm_s > 0:
-            summary.alpha, summary.rho, summary.utilisation = overlap(summary.comm_s, compute_s, iteration)
-        summaries.append(summary)
+        summaries.append(_summary(subs[0].rank, s, subs, first_ready[s], nxt, all_flights,
+                                  last_ready - first_ready[s], compute_s, _wait_bounds(subs, last_ready, keep), None,
+                                  measured=False))
     return summaries
 
 
-def _forward_waits(subs: list[SubTaskRecord], backward_end: float, keep: int) -> list[ForwardWait]:
+def _summary(rank: int, step: int, subs: list[SubTaskRecord], begin: float, nxt: float | None,
+             all_flights: list[tuple[float, float]], backward_s: float, compute_s: float | None,
+             waits: list[ForwardWait], wait_s: float | None, measured: bool) -> StepSummary:
+    """One row: the step's period runs from ``begin`` to ``nxt`` (None: the last step); a
+    ``measured`` step (with markers) counts as ``N`` all communication in its period."""
+    iteration = None if nxt is None else nxt - begin
+    own_comm = union_length([(r.start, r.finish) for r in subs])
+    in_period = None if nxt is None else union_length(all_flights, begin, nxt)
+    summary = StepSummary(
+        rank=rank, step=step, subtasks=len(subs), iteration_s=iteration,
+        comm_s=in_period if measured and in_period is not None else own_comm,
+        comm_free_s=None if iteration is None or in_period is None else iteration - in_period,
+        backward_span_s=backward_s, queued_max_s=max((r.queued for r in subs), default=0.0),
+        compute_s=compute_s, forward_wait_s=wait_s, forward_waits=waits)
+    if compute_s is not None and compute_s > 0 and iteration is not None and summary.comm_s > 0:
+        summary.alpha, summary.rho, summary.utilisation = overlap(summary.comm_s, compute_s, iteration)
+    return summary
+
+
+def _wait_bounds(subs: list[SubTaskRecord], backward_end: float, keep: int) -> list[ForwardWait]:
     """The ``keep`` tensors whose communication ended longest after backward did."""
     finish: dict[str, float] = {}
-    priority: dict[str, int] = {}
     for r in subs:
         finish[r.tensor] = max(finish.get(r.tensor, r.finish), r.finish)
-        priority[r.tensor] = r.priority
-    waits = [ForwardWait(t, priority[t], end - backward_end) for t, end in finish.items() if end > backward_end]
-    return sorted(waits, key=lambda w: -w.wait_bound_s)[:keep]
+    waits = [ForwardWait(t, end - backward_end, False) for t, end in finish.items() if end > backward_end]
+    return sorted(waits, key=lambda w: -w.wait_s)[:keep]
 
 
 __all__ = ["ForwardWait", "StepSummary", "overlap", "summarise_rank", "union_length"]

@@ -2,7 +2,9 @@
 
 The writer (:mod:`bytesched.core.timeline`) draws each finished sub-task as two spans on its
 track, ``queued`` (ready to start) and ``in flight`` (start to finish), with the sub-task's key in
-``args``. This module pairs them again into one :class:`SubTaskRecord` per sub-task and rank. A
+``args``. This module pairs them again into one :class:`SubTaskRecord` per sub-task and rank,
+and reads the training loop's spans a plugin added (step markers, forward and backward compute,
+forward waits) into :class:`LoopSpan` records; traces of older versions have none. A
 file cut short by a crash has no closing bracket and may end inside an event; it is read line by
 line (the writer puts one event per line) and the broken last line is dropped with a note, so the
 tool still explains the run that crashed.
@@ -11,8 +13,10 @@ tool still explains the run that crashed.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from bytesched.core.timeline import LOOP_TRACKS
 
 
 class TraceError(ValueError):
@@ -47,12 +51,34 @@ class SubTaskRecord:
         return self.finish - self.start
 
 
+@dataclass(frozen=True)
+class LoopSpan:
+    """A span of the training loop on one rank: ``kind`` is ``step``, ``forward``, ``backward``
+    or ``forward wait`` (then ``tensor`` is what it waited for); times in seconds."""
+
+    rank: int
+    kind: str
+    step: int
+    begin: float
+    end: float
+    tensor: str | None = None
+
+    @property
+    def length(self) -> float:
+        return self.end - self.begin
+
+
 @dataclass
 class Trace:
-    """Every sub-task of the files read, and what was odd about them."""
+    """Every sub-task and training-loop span of the files read, and what was odd about them."""
 
     records: list[SubTaskRecord]
     notes: list[str]
+    loop: list[LoopSpan] = field(default_factory=list)
+
+    def kinds(self, rank: int) -> set[str]:
+        """Which kinds of training-loop span ``rank`` recorded."""
+        return {s.kind for s in self.loop if s.rank == rank}
 
     @property
     def ranks(self) -> list[int]:
@@ -107,16 +133,24 @@ def read_trace(paths: list[str]) -> Trace:
     """Read every file (one per rank, or several ranks in one) into sub-task records."""
     notes: list[str] = []
     records: list[SubTaskRecord] = []
+    loop: list[LoopSpan] = []
     for path in expand_paths(paths):
         events = _events(path, notes)
         priority = {(e["pid"], e["tid"]): e["args"]["sort_index"] for e in events
                     if e.get("ph") == "M" and e.get("name") == "thread_sort_index"}
         queued: dict[tuple[int, tuple[str, int, int]], dict] = {}
         for e in events:
-            if e.get("ph") != "X" or e.get("name") not in ("queued", "in flight"):
+            if e.get("ph") != "X":
                 continue
             try:
                 args = e["args"]
+                if e["name"] in LOOP_TRACKS:
+                    begin = e["ts"] / 1e6
+                    loop.append(LoopSpan(e["pid"], e["name"], args["step"], begin, begin + e["dur"] / 1e6,
+                                         args.get("tensor")))
+                    continue
+                if e["name"] not in ("queued", "in flight"):
+                    continue
                 rank, key = e["pid"], (args["tensor"], args["instance"], args["partition"])
                 if e["name"] == "queued":
                     queued[rank, key] = e
@@ -135,7 +169,7 @@ def read_trace(paths: list[str]) -> Trace:
     if not records:
         raise TraceError(f"{', '.join(paths)}: no sub-task spans (did the job run any step with "
                          "BYTESCHED_TIMELINE set?)")
-    return Trace(records, notes)
+    return Trace(records, notes, loop)
 
 
-__all__ = ["SubTaskRecord", "Trace", "TraceError", "expand_paths", "read_trace"]
+__all__ = ["LoopSpan", "SubTaskRecord", "Trace", "TraceError", "expand_paths", "read_trace"]

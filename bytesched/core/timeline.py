@@ -12,8 +12,15 @@ format wants them nested). Should two instances of one partition overlap (the ne
 gradient ready before the previous one's finished), the later one gets an extra track
 ``tensor [index] (2)``, so every track holds disjoint spans, in time order in the file.
 
+A framework plugin adds what the training loop does (:meth:`ChromeTimeline.span`): each step's
+marker, forward and backward compute, and each wait of the forward pass on a parameter's update,
+on their own tracks above the partitions (sort index below 0). Every such span carries its
+``step`` in ``args``; a forward wait also its ``tensor``. These come from the framework's threads,
+so the file is written under a lock (taken once per finished sub-task by the Core thread, which is
+nothing next to the sub-task's communication).
+
 Timestamps are microseconds of the wall clock (``time.time()``), so the files of several ranks
-line up as well as their clocks do. Only the Core thread writes (no thread of its own): events go
+line up as well as their clocks do. The timeline has no thread of its own: events go
 to the file in chunks of :data:`FLUSH_EVERY`, so memory stays bounded, and :meth:`close` (called
 when the Core stops) writes the rest and the closing bracket. Chrome and Perfetto also read a file
 cut short by a crash, which ends without that bracket.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +44,11 @@ log = logging.getLogger("bytesched")
 
 FLUSH_EVERY = 1024
 """Events buffered before they are written to the file."""
+
+LOOP_TRACKS = ("step", "forward", "backward", "forward wait")
+"""The plugin's span names, one track each, drawn in this order above the partitions."""
+
+_active: "ChromeTimeline | None" = None
 
 
 def timeline_path(path: str, rank: int, world_size: int) -> Path:
@@ -56,8 +69,8 @@ class _Lane:
 
 
 class ChromeTimeline:
-    """Streams the spans of finished sub-tasks to a Chrome-trace JSON file (the Core's
-    TimelineSink). Not thread-safe: the Core thread is its only caller."""
+    """Streams the spans of finished sub-tasks (the Core's TimelineSink) and of the training loop
+    (:meth:`span`, from a plugin) to a Chrome-trace JSON file. Thread-safe."""
 
     def __init__(self, path: Path, rank: int) -> None:
         self.path = path
@@ -74,11 +87,37 @@ class ChromeTimeline:
         self._lanes: dict[tuple[str, int], list[_Lane]] = {}  # by (tensor name, partition index)
         self._json_names: dict[str, str] = {}
         self._next_tid = 1
+        self._lock = threading.Lock()
         self._emit(_meta("process_name", rank, 0, name=f"rank {rank}"))
         self._emit(_meta("process_sort_index", rank, 0, sort_index=rank))
+        self._compute_tids: dict[str, int] = {}  # made on first use: a Core-only run has none
+
+    def span(self, name: str, begin: float, end: float, step: int, tensor: str | None = None) -> None:
+        """A span of the training loop on the track ``name`` (one of :data:`LOOP_TRACKS`),
+        from ``begin`` to ``end`` in seconds of ``time.monotonic()``; ``tensor`` names what a
+        forward wait waited for."""
+        if name not in LOOP_TRACKS:
+            raise ValueError(f"timeline span {name!r}: expected one of {', '.join(LOOP_TRACKS)}")
+        ts = begin * 1e6 + self._offset_us
+        extra = "" if tensor is None else f',"tensor":{json.dumps(tensor)}'
+        with self._lock:
+            if self._file is None:  # closed, or abandoned after a failed write
+                return
+            tid = self._compute_tids.get(name)
+            if tid is None:
+                tid = self._compute_tids[name] = self._new_tid()
+                self._emit(_meta("thread_name", self.rank, tid, name=name))
+                self._emit(_meta("thread_sort_index", self.rank, tid,
+                                 sort_index=LOOP_TRACKS.index(name) - len(LOOP_TRACKS)))
+            self._emit(f'{{"name":"{name}","ph":"X","pid":{self.rank},"tid":{tid},"ts":{ts:.3f},'
+                       f'"dur":{(end - begin) * 1e6:.3f},"args":{{"step":{step}{extra}}}}}')
 
     def record(self, sub: SubTask) -> None:
         """``sub`` finished: write its queued and in-flight spans on its track."""
+        with self._lock:
+            self._record(sub)
+
+    def _record(self, sub: SubTask) -> None:
         if self._file is None:
             return
         task = sub.task
@@ -103,13 +142,17 @@ class ChromeTimeline:
             if lane.free_from <= sub.t_ready:
                 lane.free_from = sub.t_finish
                 return lane.tid, name
-        tid = self._next_tid
-        self._next_tid += 1
+        tid = self._new_tid()
         lanes.append(_Lane(tid, sub.t_finish))
         label = f"{task.name} [{sub.index}]" + (f" ({len(lanes)})" if len(lanes) > 1 else "")
         self._emit(_meta("thread_name", self.rank, tid, name=label))
         self._emit(_meta("thread_sort_index", self.rank, tid, sort_index=task.priority))
         return tid, name
+
+    def _new_tid(self) -> int:
+        tid = self._next_tid
+        self._next_tid += 1
+        return tid
 
     def _emit(self, event: str) -> None:
         self._pending.append(event if self._first else ",\n" + event)
@@ -134,6 +177,13 @@ class ChromeTimeline:
 
     def close(self) -> None:
         """Write what is buffered and the closing bracket; idempotent."""
+        global _active
+        with self._lock:
+            if _active is self:
+                _active = None
+            self._close()
+
+    def _close(self) -> None:
         if self._file is None:
             return
         self._pending.append("\n]\n")
@@ -154,9 +204,17 @@ def _meta(kind: str, pid: int, tid: int, **args: object) -> str:
 def open_timeline(config: Config, *, rank: int, world_size: int) -> ChromeTimeline | None:
     """The timeline of ``rank`` if ``BYTESCHED_TIMELINE`` is set (None otherwise), opened now so
     that a bad path fails at start-up with a :class:`ConfigError` naming the variable."""
+    global _active
     if config.timeline is None:
         return None
-    return ChromeTimeline(timeline_path(config.timeline, rank, world_size), rank)
+    _active = ChromeTimeline(timeline_path(config.timeline, rank, world_size), rank)
+    return _active
 
 
-__all__ = ["ChromeTimeline", "FLUSH_EVERY", "open_timeline", "timeline_path"]
+def active_timeline() -> ChromeTimeline | None:
+    """The timeline this process opened last and has not closed: the one its Core writes, where
+    a plugin adds the training loop's spans (one Core, hence one timeline, per process)."""
+    return _active
+
+
+__all__ = ["LOOP_TRACKS", "ChromeTimeline", "FLUSH_EVERY", "active_timeline", "open_timeline", "timeline_path"]

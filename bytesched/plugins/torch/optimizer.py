@@ -25,6 +25,7 @@ from torch import nn
 
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import configure_logging
+from bytesched.core.timeline import active_timeline
 from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
@@ -32,6 +33,7 @@ from .consistency import make_check
 from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
 from .proxies import ForwardProxies
 from .runtime import channel_of, on_channel_failure, start_core
+from .timeline import StepTimeline
 from .trace import ForwardTrace
 from .updates import SingleParameterStep, hyperparameters
 
@@ -83,9 +85,14 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._core = start_core(config, backend)
         self._pipeline = UpdatePipeline(slots, backend, self._core,
                                         SingleParameterStep(optimizer, self._plain_step), passes)
-        self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots))
+        sink = active_timeline() if config.timeline is not None else None
+        self._timeline = None if sink is None else StepTimeline(sink)
+        self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots),
+                                       on_wait=None if self._timeline is None else self._timeline.forward_wait)
         self._hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
                        for slot in slots]
+        if self._timeline is not None:
+            self._hooks += self._timeline.hook(model)
         for module in model.modules():
             self._hooks.append(module.register_state_dict_pre_hook(self._flush_before_state_dict))
             self._hooks.append(module.register_load_state_dict_pre_hook(self._flush_before_load))
@@ -151,6 +158,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self._tuning_step(self._tuning)
         if self._check is not None:
             self._check.after_step()
+        if self._timeline is not None:
+            self._timeline.step_end()
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -262,7 +271,11 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self.tuned_params = session.final
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
+        timeline = self._timeline
+
         def ready(param: torch.Tensor) -> None:
+            if timeline is not None:
+                timeline.gradient_ready()
             self._proxies.settle()  # before the first task: it needs its priority
             self._pipeline.gradient_ready(slot)
             if not self._cross_barrier and not self._waiting_for_backward:

@@ -202,11 +202,18 @@ class UpdatePipeline:
                     clear_grad(slot.param, set_to_none)
 
     # -- waiting ------------------------------------------------------------------------------
-    def wait_fresh(self, slots: Iterable[ParamSlot]) -> None:
-        """The forward proxy: return once every slot's pending update has been applied."""
+    def wait_fresh(self, slots: Iterable[ParamSlot],
+                   on_wait: Callable[[ParamSlot, float, float], None] | None = None) -> None:
+        """The forward proxy: return once every slot's pending update has been applied. Each
+        time a slot really blocks, ``on_wait(slot, begin, end)`` is told (monotonic seconds)."""
         for slot in slots:
             if not slot.fresh.is_set():
-                slot.fresh.wait()
+                if on_wait is None:
+                    slot.fresh.wait()
+                else:
+                    begin = time.monotonic()
+                    slot.fresh.wait()
+                    on_wait(slot, begin, time.monotonic())
         if self._failure is not None:
             with self._lock:
                 self._raise_failure()

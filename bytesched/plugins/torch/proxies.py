@@ -5,13 +5,14 @@ Until the first forward pass has been traced, a module waits for the parameters 
 forward runs. After it (:meth:`ForwardProxies.settle`), each parameter is waited for at the hook
 point just before its first read, and gets its priority from the order of first reads; a
 parameter the trace never saw read keeps the owner rule. Modules with nothing to wait for then lose
-their hooks, so they cost nothing.
+their hooks, so they cost nothing. With ``BYTESCHED_TIMELINE`` set, every wait that really
+blocked is reported to ``on_wait`` (a forward-wait span on the timeline).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -21,11 +22,13 @@ from .trace import ForwardTrace
 
 
 class ForwardProxies:
-    """Forward pre-hooks and forward hooks on every module of ``model``."""
+    """Forward pre-hooks and forward hooks on every module of ``model``; ``on_wait(slot, begin,
+    end)`` hears of each wait that blocked (None: nobody listens)."""
 
     def __init__(self, model: nn.Module, slots: list[ParamSlot], pipeline: UpdatePipeline,
-                 trace: ForwardTrace) -> None:
+                 trace: ForwardTrace, on_wait: Callable[[ParamSlot, float, float], None] | None = None) -> None:
         self._slots = slots
+        self._on_wait = on_wait
         self._pipeline = pipeline
         self._trace = trace
         self._owners: dict[int, list[nn.Module]] = defaultdict(list)
@@ -47,12 +50,12 @@ class ForwardProxies:
         self._trace.module_enter(module)
         slots = self._before.get(module)
         if slots:
-            self._pipeline.wait_fresh(slots)
+            self._pipeline.wait_fresh(slots, self._on_wait)
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         slots = self._after.get(module)
         if slots:
-            self._pipeline.wait_fresh(slots)
+            self._pipeline.wait_fresh(slots, self._on_wait)
         self._trace.module_exit(module)
 
     def settle(self) -> None:
