@@ -3,6 +3,7 @@ the emulated models, the docs section) and, end to end, the quick mode on a real
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,12 +13,16 @@ from pathlib import Path
 import pytest
 
 from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
-from bytesched.bench.emulated.protocol import parse, parse_runs, worker_argv, worker_parser
+from bytesched.bench.emulated.calibration import Calibration
+from bytesched.bench.emulated.configs import CONFIGURATIONS, configuration
+from bytesched.bench.emulated.prediction import SIZE_GRID, cluster_options, predict_group, resolve
+from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from bytesched.bench.emulated.report import BEGIN, END, write_section
 from bytesched.bench.emulated.results import merge, summarize
 from bytesched.bench.emulated.scaling import Scale, balanced_time_scale, scaled_profile
 from bytesched.emulation import unavailable_reason
-from bytesched.sim.profile import load_profile
+from bytesched.sim.predict import simulate
+from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
 from conftest import require, run_job
 
 GBIT = 10**9
@@ -52,11 +57,13 @@ def test_rounds_rotate_and_batch_configurations_into_jobs() -> None:
     [ps], skipped = groups(["mxnet-ps"], ["vgg16"], [GBIT], [2], ["autotune", "p3"])
     assert ("mxnet-ps", "autotune") in skipped and [c.name for c in ps.configurations] == ["vanilla", "p3"]
     assert all(len(job) == 1 for _, jobs in rounds(ps, 2) for job in jobs)  # a KVStore per process
-    assert [c.name for c in quick(ps).configurations] == ["bytescheduler"]
+    assert [c.name for c in quick(ps).configurations] == ["bytescheduler-sim"]
     with pytest.raises(ValueError, match="'nope'"):
         groups(["nope"], ["vgg16"], [GBIT], [2], ["vanilla"])
     with pytest.raises(ValueError, match="'fast'"):
         groups(["torch-horovod"], ["vgg16"], [GBIT], [2], ["fast"])
+    with pytest.raises(ValueError, match="'bytescheduler-sim' is sized by the simulator.*'mlp'"):
+        groups(["torch-horovod"], ["vgg16", "mlp"], [GBIT], [2], ["bytescheduler-sim"])
 
 
 def test_speedups_are_pairwise_per_round() -> None:
@@ -94,6 +101,50 @@ def test_worker_options_round_trip() -> None:
     assert parse(['[rank 0] BENCH-RESULT {"config": "p3"}', "noise"]) == [{"config": "p3"}]
     with pytest.raises(Exception, match="CONFIG@ROUND"):
         parse_runs("vanilla")
+    sized = parse_worker_args("test", worker_argv("torch", "vgg16", 1.0, 1.0, 3, 1, [("bytescheduler-sim", 0)],
+                                                  sizes={"bytescheduler-sim": (524288, 2097152)}))
+    config = configuration(sized.runs[0][0], sized.sizes)
+    assert (config.params.partition_bytes, config.params.credit_bytes) == (524288, 2097152)
+    with pytest.raises(ValueError, match="needs its partition and credit"):
+        configuration("bytescheduler-sim")
+    assert parse_worker_args("test", worker_argv("ps", "vgg16", 1.0, 1.0, 3, 1, calibrate=4096)).calibrate == 4096
+    with pytest.raises(SystemExit):  # neither runs nor calibration
+        parse_worker_args("test", worker_argv("ps", "vgg16", 1.0, 1.0, 3, 1))
+
+
+@pytest.mark.parametrize("arch, workers", [("allreduce", 2), ("allreduce", 4), ("ps", 2)])
+def test_calibration_reproduces_both_measurements_in_the_simulator(arch: str, workers: int) -> None:
+    """The simulator, given the calibrated options, takes the measured time for one gradient of
+    4 bytes and one of the large size: vanilla on a one-layer model without compute."""
+    calibration = Calibration(fixed_seconds=0.003, large_seconds=0.25, large_bytes=24_000_000)
+    options = calibration.simulator_options(arch, workers)
+    for nbytes, measured in ((4, calibration.fixed_seconds), (24_000_000, calibration.large_seconds)):
+        profile = ModelProfile("one", (Layer("only", 0.0, 0.0, (Tensor("w", nbytes),)),), batch_size=1)
+        extra = {"servers": workers} if arch == "ps" else {}
+        predicted = simulate(profile, policies=["fifo"], workers=workers, arch=arch, topology="full-duplex",
+                             **extra, **options).predictions[0].vanilla.iteration_time
+        assert predicted == pytest.approx(measured, rel=0.02), (nbytes, predicted, measured)
+    with pytest.raises(ValueError, match="inconsistent"):
+        Calibration(fixed_seconds=0.3, large_seconds=0.2, large_bytes=1000)
+
+
+def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> None:
+    [group], _ = groups(["torch-horovod"], ["vgg16"], [GBIT], [2], ["bytescheduler-sim", "fifo"])
+    profile = scaled_profile("vgg16", Scale(size=0.04337, time=0.5084))
+    options = cluster_options(group, "full-duplex", Calibration(0.0024, 0.23, 25_165_824))
+    resolved = {c.name: c for c in resolve(group, profile, options)}
+    chosen = resolved["bytescheduler-sim"].params
+    assert chosen in SIZE_GRID and resolved["fifo"] == CONFIGURATIONS["fifo"]
+    alternatives = [simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
+                             credit=p.credit_bytes, **options).predictions[0].result("bytescheduler").iteration_time
+                    for p in SIZE_GRID]
+    best = simulate(profile, policies=["bytescheduler"], partition=chosen.partition_bytes, credit=chosen.credit_bytes,
+                    **options).predictions[0].result("bytescheduler").iteration_time
+    assert best == min(alternatives)
+    prediction = predict_group(dataclasses.replace(group, configurations=tuple(resolved.values())), profile,
+                               "full-duplex", Calibration(0.0024, 0.23, 25_165_824))
+    assert prediction["configs"]["bytescheduler-sim"]["partition_bytes"] == chosen.partition_bytes
+    assert prediction["calibrated"] and prediction["ideal_speedup"] >= prediction["configs"]["bytescheduler-sim"]["speedup"]
 
 
 def test_write_section_replaces_only_its_markers(tmp_path: Path) -> None:
@@ -155,7 +206,7 @@ def _namespaces_of(pid: int) -> list[str]:
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)
 def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path) -> None:
     reason = unavailable_reason()
     if reason is not None:
@@ -166,14 +217,16 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
     out, docs, img = tmp_path / "quick.json", tmp_path / "benchmarks.md", tmp_path / "img"
     docs.write_text("# Benchmarks\n\n## Core\n\nuntouched\n")
     result = run_job([sys.executable, "-m", "bytesched.cli", "bench", "emulated", "--quick", "--json", out, "--docs",
-                      "--docs-file", docs, "--img-dir", img], timeout=220)
+                      "--docs-file", docs, "--img-dir", img], timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "network: 2 hosts, veth pairs shaped to 1 Gbit/s per direction" in result.stdout
+    assert "network: 4 hosts, veth pairs shaped" in result.stdout  # PS servers on hosts of their own
     results = json.loads(out.read_text())
     assert {g["framework"] for g in results["groups"]} == set(FRAMEWORKS)
     for group in results["groups"]:
         measured = {run["config"] for run in group["runs"]}
-        assert measured == set(group["configs"]) and "bytescheduler" in measured, group
+        assert measured == set(group["configs"]) and "bytescheduler-sim" in measured, group
+        assert group["calibration"]["fixed_seconds"] > 0 and group["prediction"]["calibrated"], group
         assert all(run["samples_per_second"] > 0 for run in group["runs"])
         assert set(group["prediction"]["configs"]) == set(group["configs"])
         assert group["failures"] == []

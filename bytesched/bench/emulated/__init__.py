@@ -4,14 +4,18 @@ Each *cell* (framework x model x bandwidth x ranks x configuration) runs real Ho
 torch.distributed or ps-lite transfers between processes of this machine, inside network
 namespaces whose links ``tc tbf`` shapes to the cell's bandwidth. Compute is either a real small
 model or *emulated*: layers that own real parameter tensors with a simulator profile's sizes and
-sleep for its per-layer times, so the CPUs stay free for communication. Every cell is also
-predicted by ``bytesched.sim`` on the same topology, and the report compares the two.
+sleep for its per-layer times, so the CPUs stay free for communication. Before a group's runs a
+calibration job times the framework's smallest and whole-gradient operation on that network;
+every cell is then predicted by ``bytesched.sim`` on the same topology with those costs, the
+simulator picks the sizes of ``bytescheduler-sim``, and the report compares prediction and
+measurement.
 
 Modules: :mod:`.scaling` (profile -> the scaled profile a cell runs), :mod:`.torch_compute` and
 :mod:`.mxnet_compute` (the models), :mod:`.torch_worker` and :mod:`.mxnet_worker` (the ranks),
 :mod:`.protocol` (worker options and result lines), :mod:`.configs` (vanilla and the policies),
-:mod:`.cells` (the matrix and its order), :mod:`.runner` (jobs on ``bytesched.emulation``'s
-clusters), :mod:`.prediction` (the simulator's view of a cell), :mod:`.results` (JSON and
+:mod:`.cells` (the matrix and its order), :mod:`.calibration` (the measured per-operation cost
+and bandwidth), :mod:`.runner` (jobs on ``bytesched.emulation``'s clusters),
+:mod:`.prediction` (the simulator's view of a cell and its sizes), :mod:`.results` (JSON and
 statistics), :mod:`.report` (markdown and plots), :mod:`.command` (the command line).
 """
 

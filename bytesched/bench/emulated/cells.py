@@ -36,7 +36,8 @@ class Framework:
     """The configurations that make sense on this stack."""
 
 
-_ALLREDUCE = ("vanilla", "bytescheduler", "bytescheduler-fit", "tuned", "off", "fifo", "p3", "prophet", "tictac")
+_ALLREDUCE = ("vanilla", "bytescheduler", "bytescheduler-fit", "bytescheduler-sim", "tuned", "off", "fifo", "p3",
+              "prophet", "tictac")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_ALLREDUCE[1:])),
@@ -73,6 +74,11 @@ def groups(frameworks: Sequence[str], models: Sequence[str], bandwidths: Sequenc
     bad = [name for name in configurations if name not in CONFIGURATIONS]
     if bad:
         raise ValueError(f"configuration {bad[0]!r} is unknown: expected some of {', '.join(CONFIGURATIONS)}")
+    sized = [c for c in configurations if CONFIGURATIONS[c].sized_by_simulator]
+    real = [m for m in models if m in REAL_MODELS]
+    if sized and real:
+        raise ValueError(f"configuration {sized[0]!r} is sized by the simulator, which has no profile of the real "
+                         f"model {real[0]!r}: run it with emulated models only")
     out, skipped = [], []
     for name in frameworks:
         framework = FRAMEWORKS[name]
@@ -108,7 +114,7 @@ def rounds(group: Group, repeats: int) -> Iterator[tuple[int, list[list[Configur
         yield number, list(jobs.values())
 
 
-QUICK_CONFIGURATION = "bytescheduler"
+QUICK_CONFIGURATION = "bytescheduler-sim"
 
 
 def quick(group: Group) -> Group:

@@ -11,6 +11,7 @@ what was measured so far is still written to ``--json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import shlex
@@ -23,7 +24,8 @@ from ...emulation import parse_rate, unavailable_reason
 from ...sim.predict import simulate
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
-from .prediction import predict_group
+from .calibration import Calibration
+from .prediction import cluster_options, predict_group, resolve
 from .report import markdown, plot, write_section
 from .results import FORMAT, load, merge, save
 from .runner import Workload, run_groups
@@ -31,7 +33,7 @@ from .scaling import Scale, balanced_time_scale, scaled_profile
 
 REPO = Path(__file__).resolve().parents[3]
 SIM_TOPOLOGY = {"veth": "full-duplex", "loopback": "shared"}
-QUICK = {"models": "vgg16", "bandwidths": "1gbit", "ranks": "2", "configs": "vanilla,bytescheduler", "repeats": 1,
+QUICK = {"models": "vgg16", "bandwidths": "1gbit", "ranks": "2", "configs": "vanilla,bytescheduler-sim", "repeats": 1,
          "steps": 3, "warmup": 1, "gradient_bytes": "4MB"}
 """What --quick sets (the frameworks stay selectable); each framework then runs one job
 (:func:`~.cells.quick`)."""
@@ -96,7 +98,7 @@ def workload(model: str, args: argparse.Namespace, ranks: int) -> tuple[Workload
                                      topology=SIM_TOPOLOGY[args.topology]).predictions[0].communication_time
         time_scale = balanced_time_scale(sized, communication)
     profile = scaled_profile(model, Scale(size, time_scale))
-    return (Workload(model, size, time_scale, args.steps, args.warmup),
+    return (Workload(model, size, time_scale, args.steps, args.warmup, profile.nbytes),
             {"size_scale": size, "time_scale": time_scale, "gradient_bytes": profile.nbytes,
              "compute_seconds": profile.compute_time, "balance_at": args.balance_at, "real": False})
 
@@ -132,12 +134,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         entry = {"framework": group.framework.name, "model": group.model, "bits_per_second": group.bits_per_second,
                  "ranks": group.ranks, "configs": [c.name for c in group.configurations], "runs": [],
                  "failures": [], "retried": []}
-        if group.model not in REAL_MODELS:
-            profile = scaled_profile(group.model, Scale(workloads[group.model].size_scale,
-                                                        workloads[group.model].time_scale))
-            entry["prediction"] = predict_group(group, profile, SIM_TOPOLOGY[args.topology])
         entries[group.key] = entry
         results["groups"].append(entry)
+
+    def prepare(group: Group, calibration: Calibration | None) -> Group:
+        if group.model in REAL_MODELS:
+            return group
+        workload = workloads[group.model]
+        profile = scaled_profile(group.model, Scale(workload.size_scale, workload.time_scale))
+        options = cluster_options(group, SIM_TOPOLOGY[args.topology], calibration)
+        group = dataclasses.replace(group, configurations=resolve(group, profile, options))
+        entry = entries[group.key]
+        if calibration is not None:
+            entry["calibration"] = calibration.as_record()
+        entry["prediction"] = predict_group(group, profile, SIM_TOPOLOGY[args.topology], calibration)
+        return group
 
     def record(group: Group, run: dict[str, Any]) -> None:
         entries[group.key]["runs"].append(run)
@@ -154,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"workloads: " + "; ".join(f"{m} sizes x{d['size_scale']:.4g} times x{d['time_scale']:.4g}"
                                    for m, d in results["workloads"].items()))
     try:
-        run_groups(matrix, workloads, args.repeats, args.topology, args.timeout, record, failed, say)
+        run_groups(matrix, workloads, args.repeats, args.topology, args.timeout, prepare, record, failed, say)
     finally:
         results["meta"]["loadavg"]["end"] = _loadavg()
         results["meta"]["finished"] = datetime.datetime.now().isoformat(timespec="seconds")

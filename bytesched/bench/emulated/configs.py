@@ -7,6 +7,7 @@ read once per process, so configurations with different ``env`` never share a jo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ class Configuration:
     env: tuple[tuple[str, str], ...] = field(default=())
     simulated_as: str = "vanilla"
     """The simulator policy that models it (the simulator has no Horovod autotune)."""
+    sized_by_simulator: bool = False
+    """Partition and credit are chosen per group, before its runs, by the simulator on the
+    calibrated cluster (:func:`.prediction.choose_sizes`), and handed to the workers."""
 
     @property
     def scheduled(self) -> bool:
@@ -43,6 +47,10 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "sizes fit to the scaled models (the defaults suit 10-100 Gbit/s; at 1 Gbit/s a 16 MB "
                   "credit holds 128 ms of transfers, which the next forward pass would wait behind)",
                   policy="bytescheduler", params=FITTED, simulated_as="bytescheduler"),
+    Configuration("bytescheduler-sim", "bytesched, bytescheduler policy, the partition and credit sizes the "
+                  "simulator predicts best for the group's calibrated cluster (what `bytesched simulate --tune` "
+                  "tells a user), chosen before the runs", policy="bytescheduler", simulated_as="bytescheduler",
+                  sized_by_simulator=True),
     Configuration("tuned", "bytesched, bytescheduler policy, auto-tuned (BYTESCHED_TUNING=1)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
@@ -56,9 +64,21 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
 BASELINE = "vanilla"
 
 
-def configuration(name: str) -> Configuration:
-    """The configuration called ``name``; ValueError listing the known ones otherwise."""
+def configuration(name: str, sizes: dict[str, tuple[int, int]] | None = None) -> Configuration:
+    """The configuration called ``name`` (ValueError listing the known ones otherwise), with the
+    partition and credit of ``sizes[name]`` if it is sized by the simulator (which it must be)."""
     try:
-        return CONFIGURATIONS[name]
+        config = CONFIGURATIONS[name]
     except KeyError:
         raise ValueError(f"configuration {name!r} is unknown: expected one of {', '.join(CONFIGURATIONS)}") from None
+    if not config.sized_by_simulator:
+        return config
+    if not sizes or name not in sizes:
+        raise ValueError(f"configuration {name!r} needs its partition and credit (--sizes {name}=PARTITION:CREDIT)")
+    partition, credit = sizes[name]
+    return with_sizes(config, partition, credit)
+
+
+def with_sizes(config: Configuration, partition: int, credit: int) -> Configuration:
+    """``config`` running with these partition and credit sizes (bytes)."""
+    return dataclasses.replace(config, params=SchedulingParams(partition_bytes=partition, credit_bytes=credit))

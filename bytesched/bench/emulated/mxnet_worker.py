@@ -13,7 +13,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import mxnet as mx
 from mxnet import autograd, gluon
@@ -22,7 +22,8 @@ from bytesched.core import from_env
 
 from .configs import Configuration, configuration
 from .mxnet_compute import emulated_model
-from .protocol import emit, worker_parser
+from .calibration import calibrate
+from .protocol import emit, parse_worker_args
 from .scaling import Scale, scaled_profile
 
 
@@ -50,12 +51,51 @@ def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluo
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
+def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
+    """What the baseline does per gradient, as a blocking call for ``nbytes`` (a push and a pull
+    of one key on a ``dist_sync`` store, or a Horovod all-reduce), and this process's rank."""
+    if backend == "ps":
+        store = mx.kv.create("dist_sync")
+
+        def push_pull(nbytes: int) -> Callable[[], None]:
+            key = f"bench.calibrate.{nbytes}"
+            array = mx.nd.zeros((max(1, nbytes // 4),))
+            store.init(key, array)
+
+            def run() -> None:
+                store.push(key, array)
+                store.pull(key, out=array)
+                array.wait_to_read()
+            return run
+        return push_pull, store.rank
+    if backend == "horovod":
+        import torch  # noqa: F401  (before horovod.mxnet, as in trainer())
+        import horovod.mxnet as hvd
+        hvd.init()
+
+        def allreduce(nbytes: int) -> Callable[[], None]:
+            array = mx.nd.zeros((max(1, nbytes // 4),))
+
+            def run() -> None:
+                hvd.allreduce_(array, name=f"bench.calibrate.{nbytes}")
+                array.wait_to_read()
+            return run
+        return allreduce, hvd.rank()
+    raise ValueError(f"--backend {backend!r}: expected ps or horovod")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = worker_parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = parse_worker_args(__doc__.splitlines()[0], argv)
+    if args.calibrate is not None:
+        make_operation, rank = operation(args.backend)
+        calibration = calibrate(make_operation, args.calibrate)
+        if rank == 0:
+            emit({"calibration": calibration.as_record()})
+        return 0
     if len(args.runs) != 1:
         raise SystemExit(f"mxnet_worker runs one configuration per job, got --runs with {len(args.runs)}")
     name, round_number = args.runs[0]
-    config = configuration(name)
+    config = configuration(name, args.sizes)
     profile = scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
     net = emulated_model(profile)
     train, store, rank, size = trainer(args.backend, net, config)

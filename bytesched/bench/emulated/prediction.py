@@ -1,28 +1,80 @@
-"""The simulator's prediction for a group of cells: the same scaled profile, rank count,
-bandwidth, architecture and topology as the measured job, every configuration as the policy
-(and sizes) it runs."""
+"""The simulator's side of a group of cells: the same scaled profile, rank count, bandwidth,
+architecture and topology as the measured job, every configuration as the policy (and sizes) it
+runs, the sizes of ``bytescheduler-sim``, and the ideal speedup the targets are measured against."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...core.config import SchedulingParams
 from ...sim.predict import simulate
 from ...sim.simulator import VANILLA
 from ...sim.profile import ModelProfile
+from .calibration import Calibration
 from .cells import Group
+from .configs import Configuration, with_sizes
+
+SIZE_GRID = tuple(SchedulingParams(partition_bytes=p << 10, credit_bytes=(p << 10) * k)
+                  for p in (256, 512, 1024, 2048, 4096, 8192) for k in (1, 2, 4))
+"""What ``bytescheduler-sim`` chooses from: partitions of 256 KB to 8 MB (the scaled models
+carry tens of MB per iteration), credits of 1, 2 or 4 partitions."""
+
+IDEAL_PARTITION = 64 << 10
+"""The "fine partitions" of the ideal: 64 KB, a few hundred sub-tasks per scaled model."""
+IDEAL_CREDITS = (1, 2, 4, 8, 16)
+"""Credits of the ideal, in partitions."""
 
 
-def predict_group(group: Group, profile: ModelProfile, topology: str) -> dict[str, Any]:
-    """Predicted samples/s and speedup per configuration of ``group``, the ideal (zero
-    overhead, perfect overlap) speedup, and the cluster the simulator modelled.
-
-    ``topology`` is the simulator's (``full-duplex`` or ``shared``). Configurations the simulator
-    cannot tell apart (Horovod autotune) are predicted as the policy they run.
-    """
+def cluster_options(group: Group, topology: str, calibration: Calibration | None) -> dict[str, Any]:
+    """The simulator's cluster for ``group``: its ranks, architecture and topology (with one
+    server per worker for PS), and the calibrated costs when there are any."""
     options: dict[str, Any] = {"workers": group.ranks, "arch": group.framework.arch,
                                "bandwidth": group.bits_per_second / 8, "topology": topology}
     if group.framework.arch == "ps":
         options["servers"] = group.ranks
+    if calibration is not None:
+        options.update(calibration.simulator_options(group.framework.arch, group.ranks))
+    return options
+
+
+def choose_sizes(profile: ModelProfile, options: dict[str, Any]) -> SchedulingParams:
+    """The partition and credit of :data:`SIZE_GRID` the simulator predicts fastest."""
+    best = simulate(profile, policies=["bytescheduler"], tune=list(SIZE_GRID), **options).predictions[0]
+    chosen = best.result("bytescheduler")
+    return SchedulingParams(partition_bytes=int(chosen.partition_bytes), credit_bytes=int(chosen.credit_bytes))
+
+
+def resolve(group: Group, profile: ModelProfile, options: dict[str, Any]) -> tuple[Configuration, ...]:
+    """``group``'s configurations with the simulator-sized ones given their sizes."""
+    sized = [c for c in group.configurations if c.sized_by_simulator]
+    if not sized:
+        return group.configurations
+    params = choose_sizes(profile, options)
+    return tuple(with_sizes(c, params.partition_bytes, params.credit_bytes) if c.sized_by_simulator else c
+                 for c in group.configurations)
+
+
+def ideal_speedup(profile: ModelProfile, options: dict[str, Any]) -> float:
+    """The issue's yardstick: bytescheduler with free messages (no per-message cost, latency or
+    Horovod cycle wait) and fine partitions, at its best credit of :data:`IDEAL_CREDITS` (a PS
+    needs several sub-tasks in flight to use both directions of a link), over vanilla with free
+    messages, on the group's (calibrated) bandwidth: what priority scheduling can give this model."""
+    free = {**options, "overhead": 0.0, "latency": 0.0, "cycle_time": 0.0}
+    grid = [SchedulingParams(partition_bytes=IDEAL_PARTITION, credit_bytes=IDEAL_PARTITION * k) for k in IDEAL_CREDITS]
+    prediction = simulate(profile, policies=["bytescheduler"], tune=grid, **free).predictions[0]
+    return prediction.vanilla.iteration_time / prediction.result("bytescheduler").iteration_time
+
+
+def predict_group(group: Group, profile: ModelProfile, topology: str,
+                  calibration: Calibration | None = None) -> dict[str, Any]:
+    """Predicted samples/s and speedup per configuration of ``group`` (whose simulator-sized
+    configurations must already carry their sizes), the ideal speedup, the bound of perfect
+    overlap, and the cluster the simulator modelled.
+
+    ``topology`` is the simulator's (``full-duplex`` or ``shared``). Configurations the simulator
+    cannot tell apart (Horovod autotune) are predicted as the policy they run.
+    """
+    options = cluster_options(group, topology, calibration)
     defaults = {c.simulated_as for c in group.configurations
                 if c.params.partition_bytes is None and c.simulated_as != VANILLA}
     base = simulate(profile, policies=sorted(defaults) or [VANILLA], **options).predictions[0]
@@ -32,11 +84,17 @@ def predict_group(group: Group, profile: ModelProfile, topology: str) -> dict[st
     vanilla = base.vanilla.iteration_time
     out: dict[str, Any] = {"cluster": base.cluster.describe(), "compute_time": base.compute_time,
                            "communication_time": base.communication_time,
-                           "ideal_speedup": vanilla / base.ideal_time,
-                           "ideal_samples_per_second": base.samples_per_second(base.ideal_time), "configs": {}}
+                           "ideal_speedup": ideal_speedup(profile, options),
+                           "overlap_bound_speedup": vanilla / base.ideal_time,
+                           "calibrated": calibration is not None, "configs": {}}
     for config in group.configurations:
         source = explicit.get(config.params, base)
         result = source.result(config.simulated_as)
-        out["configs"][config.name] = {"policy": config.simulated_as, "samples_per_second": result.throughput,
-                                       "speedup": vanilla / result.iteration_time}
+        cell = {"policy": config.simulated_as, "samples_per_second": result.throughput,
+                "speedup": vanilla / result.iteration_time}
+        if config.sized_by_simulator:
+            cell["partition_bytes"] = config.params.partition_bytes
+            cell["credit_bytes"] = config.params.credit_bytes
+        out["configs"][config.name] = cell
     return out
+

@@ -39,9 +39,22 @@ def worker_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--steps", type=int, required=True, help="timed steps per run")
     parser.add_argument("--warmup", type=int, required=True, help="untimed steps before them")
-    parser.add_argument("--runs", required=True, type=parse_runs,
+    parser.add_argument("--runs", type=parse_runs, default=[],
                         help="CONFIG@ROUND,... in the order to run them")
+    parser.add_argument("--sizes", type=parse_sizes, default={},
+                        help="CONFIG=PARTITION:CREDIT,... (bytes) for configurations sized at run time")
+    parser.add_argument("--calibrate", type=int, metavar="BYTES",
+                        help="instead of runs: time a 4-byte and a BYTES operation and report them")
     return parser
+
+
+def parse_worker_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """A worker's options, with exactly one of ``--runs`` and ``--calibrate``."""
+    parser = worker_parser(description)
+    args = parser.parse_args(argv)
+    if bool(args.runs) == (args.calibrate is not None):
+        parser.error("give either --runs or --calibrate")
+    return args
 
 
 def parse_runs(text: str) -> list[tuple[str, int]]:
@@ -55,9 +68,27 @@ def parse_runs(text: str) -> list[tuple[str, int]]:
     return runs
 
 
+def parse_sizes(text: str) -> dict[str, tuple[int, int]]:
+    """``bytescheduler-sim=1048576:2097152`` -> {"bytescheduler-sim": (1048576, 2097152)}."""
+    sizes = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        partition, _, credit = value.partition(":")
+        if not (name and partition.isdigit() and credit.isdigit()):
+            raise argparse.ArgumentTypeError(f"sizes {item!r}: expected CONFIG=PARTITION:CREDIT in bytes")
+        sizes[name] = (int(partition), int(credit))
+    return sizes
+
+
 def worker_argv(backend: str, model: str, size_scale: float, time_scale: float, steps: int, warmup: int,
-                runs: Iterable[tuple[str, int]]) -> list[str]:
+                runs: Iterable[tuple[str, int]] = (), sizes: dict[str, tuple[int, int]] | None = None,
+                calibrate: int | None = None) -> list[str]:
     """The worker options for one job (the inverse of :func:`worker_parser`)."""
-    return ["--backend", backend, "--model", model, "--size-scale", repr(size_scale),
-            "--time-scale", repr(time_scale), "--steps", str(steps), "--warmup", str(warmup),
-            "--runs", ",".join(f"{name}@{number}" for name, number in runs)]
+    argv = ["--backend", backend, "--model", model, "--size-scale", repr(size_scale),
+            "--time-scale", repr(time_scale), "--steps", str(steps), "--warmup", str(warmup)]
+    if calibrate is not None:
+        return argv + ["--calibrate", str(calibrate)]
+    argv += ["--runs", ",".join(f"{name}@{number}" for name, number in runs)]
+    if sizes:
+        argv += ["--sizes", ",".join(f"{name}={p}:{c}" for name, (p, c) in sizes.items())]
+    return argv

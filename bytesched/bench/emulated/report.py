@@ -33,6 +33,11 @@ def _number(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _kib(nbytes: int) -> str:
+    """Sizes as the configurations name them: 512 KB, 2 MB (binary units)."""
+    return f"{nbytes / 2**20:g} MB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KB"
+
+
 def group_title(group: dict[str, Any]) -> str:
     return (f"{group['framework']}, {group['model']}, {format_rate(group['bits_per_second'])}, "
             f"{group['ranks']} ranks")
@@ -47,11 +52,7 @@ def group_table(group: dict[str, Any]) -> list[str]:
         lines.append(f"| {cell.config} | {_spread(cell.throughput)} | {_spread(cell.speedup, 2, 'x')} "
                      f"| {_number(cell.predicted_throughput)} | {_number(cell.predicted_speedup, 2, 'x')} "
                      f"| {_percent(cell.error)} |")
-    prediction = group.get("prediction")
-    if prediction:
-        lines += ["", f"Simulator: compute {prediction['compute_time'] * 1e3:.0f} ms and communication "
-                      f"{prediction['communication_time'] * 1e3:.0f} ms per iteration at full bandwidth; ideal "
-                      f"speedup (zero overhead, perfect overlap) {prediction['ideal_speedup']:.2f}x."]
+    lines += _calibration(group) + _prediction(group)
     retried = group.get("retried", [])
     if retried:
         lines += ["", f"{len(retried)} job(s) failed once and were run again (first failure: "
@@ -61,6 +62,37 @@ def group_table(group: dict[str, Any]) -> list[str]:
         lines += ["", f"Not measured: {', '.join(failure['configs'])}: `{reason[0][:200]}`"
                       + (f" (last line: `{reason[-1][:200]}`)" if len(reason) > 1 else "")]
     return lines
+
+
+def _calibration(group: dict[str, Any]) -> list[str]:
+    calibration = group.get("calibration")
+    if not calibration:
+        return []
+    operation = "push+pull" if group["framework"] == "mxnet-ps" else "all-reduce"
+    return ["", f"Calibration (measured on this network before the runs, medians): a 4-byte {operation} took "
+                f"{calibration['fixed_seconds'] * 1e3:.2f} ms, one of {calibration['large_bytes'] / 1e6:.1f} MB "
+                f"{calibration['large_seconds'] * 1e3:.0f} ms; the simulator predicted with these."]
+
+
+def _prediction(group: dict[str, Any]) -> list[str]:
+    prediction = group.get("prediction")
+    if not prediction:
+        return []
+    lines = ["", f"Simulator: compute {prediction['compute_time'] * 1e3:.0f} ms and communication "
+                 f"{prediction['communication_time'] * 1e3:.0f} ms per iteration at full bandwidth; ideal speedup "
+                 f"(bytescheduler with free messages and 64 KB partitions) {prediction['ideal_speedup']:.2f}x; "
+                 f"bound of perfect overlap, max(compute, communication), "
+                 f"{prediction['overlap_bound_speedup']:.2f}x."]
+    for name, cell in prediction["configs"].items():
+        if "partition_bytes" in cell:
+            lines.append(f"`{name}` ran with {_kib(cell['partition_bytes'])} partitions and a "
+                         f"{_kib(cell['credit_bytes'])} credit.")
+    return lines
+
+
+SCHEDULED = ("bytescheduler", "bytescheduler-sim")
+"""The bytesched configurations the speedup targets are checked for: the defaults, and the
+sizes a user gets from the simulator."""
 
 
 def targets(results: dict[str, Any]) -> list[str]:
@@ -77,19 +109,24 @@ def targets(results: dict[str, Any]) -> list[str]:
         if off is not None and off.speedup is not None:
             verdict = "met" if off.speedup.median >= 0.99 else "missed"
             lines.append(f"- Scheduling off >= 0.99x vanilla, {title}: {off.speedup.median:.2f}x ({verdict}).")
-        fixed = cells.get("bytescheduler")
         ideal = (group.get("prediction") or {}).get("ideal_speedup")
-        if fixed is not None and fixed.speedup is not None and ideal and group["framework"] != "mxnet-ps":
-            share = fixed.speedup.median / ideal
-            others = [c for c in cells.values() if c.config not in (BASELINE, "bytescheduler") and c.speedup]
-            ahead = all(fixed.speedup.median > c.speedup.median for c in others)
-            lines.append(f"- bytescheduler >= 90% of the ideal speedup, {title}: {fixed.speedup.median:.2f}x of "
+        for name in SCHEDULED:
+            cell = cells.get(name)
+            if cell is None or cell.speedup is None:
+                continue
+            if group["framework"] == "mxnet-ps":
+                verdict = "met" if cell.speedup.median >= 1.5 else "missed"
+                lines.append(f"- MXNet PS bytesched >= 1.5x plain KVStore, `{name}`, {title}: "
+                             f"{cell.speedup.median:.2f}x ({verdict}).")
+                continue
+            if not ideal:
+                continue
+            share = cell.speedup.median / ideal
+            others = [c for c in cells.values() if c.config not in (BASELINE, name) and c.speedup]
+            ahead = all(cell.speedup.median > c.speedup.median for c in others)
+            lines.append(f"- bytesched >= 90% of the ideal speedup, `{name}`, {title}: {cell.speedup.median:.2f}x of "
                          f"{ideal:.2f}x = {share * 100:.0f}% ({'met' if share >= 0.9 else 'missed'}); ahead of "
                          f"every other configuration: {'yes' if ahead else 'no'}.")
-        if fixed is not None and fixed.speedup is not None and group["framework"] == "mxnet-ps":
-            verdict = "met" if fixed.speedup.median >= 1.5 else "missed"
-            lines.append(f"- MXNet PS bytesched >= 1.5x plain KVStore, {title}: {fixed.speedup.median:.2f}x "
-                         f"({verdict}).")
     if errors:
         worst = max(errors)
         median = statistics.median(e for e, _ in errors)
@@ -104,7 +141,8 @@ def _source(meta: dict[str, Any]) -> list[str]:
             f"started {meta['started']} on {meta['cpus']} cores, 1-minute load average {load.get('start', '?')} "
             f"at the start and {load.get('end', '?')} at the end; {meta['repeats']} round(s) of {meta['steps']} "
             f"timed steps after {meta['warmup']} warm-up step(s); networks: {'; '.join(meta['networks'])} (simulated as "
-            f"topology `{meta['sim_topology']}`, overhead and latency at the simulator's defaults).", ""]
+            f"topology `{meta['sim_topology']}`; per-operation cost and bandwidth from each group's calibration where "
+            f"one is shown, else the simulator's defaults).", ""]
 
 
 def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:

@@ -7,9 +7,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ...emulation import Cluster, Job, emulated_cluster, format_rate
+from .calibration import Calibration
 from .cells import Group, rounds
 from .configs import Configuration
 from .protocol import MARKER, parse, worker_argv
@@ -24,6 +25,8 @@ class Workload:
     time_scale: float
     steps: int
     warmup: int
+    gradient_bytes: int = 0
+    """Bytes of gradients per iteration (0 for a real model): the calibration's large operation."""
 
 
 RETRIES = 1
@@ -34,13 +37,17 @@ class JobFailed(RuntimeError):
     """A benchmark job exited non-zero or reported fewer runs than it was given."""
 
 
-def launch(cluster: Cluster, group: Group, workload: Workload, runs: Sequence[tuple[str, int]],
-           env: dict[str, str]) -> Job:
-    """Start one job of ``group`` on ``cluster`` running ``runs`` in order."""
+def hosts_for(group: Group) -> int:
+    """Emulated hosts a group needs: one per rank, and for a parameter server one more per
+    server (each server on a host of its own, as the simulator's PS model assumes: with servers
+    on the workers' hosts half of every push and pull never crosses a shaped link)."""
+    return 2 * group.ranks if group.framework.launcher == "ps" else group.ranks
+
+
+def launch(cluster: Cluster, group: Group, worker_args: Sequence[str], env: dict[str, str]) -> Job:
+    """Start one job of ``group`` on ``cluster``, every rank running the group's worker with ``worker_args``."""
     framework = group.framework
-    argv = [sys.executable, "-m", f"bytesched.bench.emulated.{framework.worker}",
-            *worker_argv(framework.backend, workload.model, workload.size_scale, workload.time_scale,
-                         workload.steps, workload.warmup, runs)]
+    argv = [sys.executable, "-m", f"bytesched.bench.emulated.{framework.worker}", *worker_args]
     if framework.launcher == "horovod":
         return cluster.launch_horovod(argv, env=env, ranks=group.ranks)
     if framework.launcher == "torchrun":
@@ -50,24 +57,44 @@ def launch(cluster: Cluster, group: Group, workload: Workload, runs: Sequence[tu
     raise ValueError(f"framework {framework.name!r} has unknown launcher {framework.launcher!r}")
 
 
+def _worker_args(workload: Workload, group: Group, **mode: Any) -> list[str]:
+    return worker_argv(group.framework.backend, workload.model, workload.size_scale, workload.time_scale,
+                       workload.steps, workload.warmup, **mode)
+
+
+def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout: float) -> Calibration:
+    """Time the framework's small and whole-gradient operations on ``cluster`` (:mod:`.calibration`)."""
+    job = launch(cluster, group, _worker_args(workload, group, calibrate=workload.gradient_bytes), {})
+    records = _finish(job, timeout, expected=1, what="calibration")
+    return Calibration.from_record(records[0]["calibration"])
+
+
 def run_job(cluster: Cluster, group: Group, workload: Workload, configs: Sequence[Configuration], round_number: int,
             timeout: float, on_line: Callable[[str], None]) -> list[dict]:
     """Run ``configs`` in one job; their result records (JobFailed with the output's tail if not all came)."""
     runs = [(c.name, round_number) for c in configs]
-    env = dict(configs[0].env)
-    job = launch(cluster, group, workload, runs, env)
+    sizes = {c.name: (int(c.params.partition_bytes), int(c.params.credit_bytes))
+             for c in configs if c.sized_by_simulator}
+    job = launch(cluster, group, _worker_args(workload, group, runs=runs, sizes=sizes), dict(configs[0].env))
     watcher = _Echo(job, on_line)
     watcher.start()
+    try:
+        return _finish(job, timeout, expected=len(runs), what=", ".join(c.name for c in configs))
+    finally:
+        watcher.stop()
+
+
+def _finish(job: Job, timeout: float, expected: int, what: str) -> list[dict]:
+    """The result records of ``job`` once it ended (JobFailed with its output's tail unless it
+    exited 0 with ``expected`` records)."""
     try:
         status = job.wait(timeout)
     except TimeoutError as error:
         raise JobFailed(f"{error}\n" + "\n".join(job.output[-30:])) from None
-    finally:
-        watcher.stop()
     records = parse(job.output)
-    if status != 0 or len(records) != len(runs):
-        raise JobFailed(f"job {', '.join(c.name for c in configs)} exited with status {status} and reported "
-                        f"{len(records)} of {len(runs)} runs; last output:\n" + "\n".join(job.output[-30:]))
+    if status != 0 or len(records) != expected:
+        raise JobFailed(f"job {what} exited with status {status} and reported {len(records)} of {expected} "
+                        f"record(s); last output:\n" + "\n".join(job.output[-30:]))
     return records
 
 
@@ -99,40 +126,54 @@ class _Echo(threading.Thread):
 
 
 def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats: int, topology: str,
-               timeout: float, record: Callable[[Group, dict], None],
+               timeout: float, prepare: Callable[[Group, Calibration | None], Group],
+               record: Callable[[Group, dict], None],
                failed: Callable[[Group, list[str], str, bool], None],
                say: Callable[[str], None]) -> None:
-    """Run every group, ``repeats`` interleaved rounds each, on one cluster per (bandwidth, ranks).
+    """Run every group, ``repeats`` interleaved rounds each, on one cluster per (bandwidth, hosts).
 
-    ``record(group, run)`` gets every measured run; ``failed(group, configs, reason, final)`` every
-    job that failed. A failed job is retried once (``final`` is False for the first failure: a
-    Gloo connection refused at start-up was seen once on the loaded machine); the rest of the
-    matrix runs either way.
+    Before a group's rounds, a calibration job measures the framework's costs on that cluster
+    (emulated models only) and ``prepare(group, calibration)`` returns the group to run (its
+    simulator-sized configurations given their sizes); a failed calibration is reported through
+    ``failed`` and ``prepare`` gets None. ``record(group, run)`` gets every measured run;
+    ``failed(group, configs, reason, final)`` every job that failed. A failed job is retried once
+    (``final`` is False for the first failure: a Gloo connection refused at start-up was seen
+    once on the loaded machine); the rest of the matrix runs either way.
     """
     by_network: dict[tuple[int, int], list[Group]] = {}
     for group in groups:
-        by_network.setdefault((group.bits_per_second, group.ranks), []).append(group)
+        by_network.setdefault((group.bits_per_second, hosts_for(group)), []).append(group)
     total = sum(len(g.configurations) for g in groups) * repeats
     done = 0
-    for (bits, ranks), members in by_network.items():
-        with emulated_cluster(ranks, bits, topology=topology) as cluster:
+    for (bits, hosts), members in by_network.items():
+        with emulated_cluster(hosts, bits, topology=topology) as cluster:
             say(f"network: {cluster.describe()}")
             for group in members:
+                title = f"{group.framework.name} {group.model} {format_rate(bits)} {group.ranks} ranks"
+                workload = workloads[group.model]
+                calibration = None
+                if workload.gradient_bytes:
+                    try:
+                        calibration = run_calibration(cluster, group, workload, timeout)
+                        say(f"  {title}: calibration: {calibration.fixed_seconds * 1e3:.2f} ms per operation, "
+                            f"{calibration.large_bytes / 1e6:.1f} MB in {calibration.large_seconds * 1e3:.0f} ms")
+                    except JobFailed as error:
+                        failed(group, ["calibration"], str(error), True)
+                        say(f"  {title}: calibration FAILED; predicting with the simulator's defaults")
+                group = prepare(group, calibration)
                 for number, jobs in rounds(group, repeats):
                     for configs in jobs:
-                        label = (f"{group.framework.name} {group.model} {format_rate(bits)} {ranks} ranks "
-                                 f"round {number + 1}/{repeats}")
+                        label = f"{title} round {number + 1}/{repeats}"
                         started = time.monotonic()
 
                         def show(line: str, label: str = label) -> None:
                             run = parse([line])[0]
-                            say(f"  {label}: {run['config']:<14} {run['samples_per_second']:9.1f} samples/s")
+                            say(f"  {label}: {run['config']:<17} {run['samples_per_second']:9.1f} samples/s")
 
                         records = []
                         for attempt in range(1 + RETRIES):
                             try:
-                                records = run_job(cluster, group, workloads[group.model], configs, number, timeout,
-                                                  show)
+                                records = run_job(cluster, group, workload, configs, number, timeout, show)
                                 break
                             except JobFailed as error:
                                 final = attempt == RETRIES

@@ -21,7 +21,8 @@ from bytesched.plugins.torch import ScheduledOptimizer
 
 from .cells import REAL_MODELS
 from .configs import Configuration, configuration
-from .protocol import emit, worker_parser
+from .calibration import calibrate
+from .protocol import emit, parse_worker_args
 from .scaling import Scale, scaled_profile
 from .torch_compute import Workload
 
@@ -65,6 +66,13 @@ class Backend:
         else:
             torch.distributed.barrier()
 
+    def operation(self, nbytes: int) -> Callable[[], None]:
+        """A blocking all-reduce of ``nbytes`` (float32), what the baseline does per gradient."""
+        tensor = torch.zeros(max(1, nbytes // 4))
+        if self.name == "horovod":
+            return lambda: self.hvd.allreduce_(tensor, name=f"bench.calibrate.{nbytes}")
+        return lambda: torch.distributed.all_reduce(tensor)
+
 
 def _nothing() -> None:
     pass
@@ -104,13 +112,18 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = worker_parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = parse_worker_args(__doc__.splitlines()[0], argv)
     torch.set_num_threads(1)
     backend = Backend(args.backend)
+    if args.calibrate is not None:
+        calibration = calibrate(backend.operation, args.calibrate)
+        if backend.rank == 0:
+            emit({"calibration": calibration.as_record()})
+        return 0
     profile = None if args.model in REAL_MODELS else scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
     batch = profile.batch_size if profile is not None else REAL_BATCH
     for name, round_number in args.runs:
-        config = configuration(name)
+        config = configuration(name, args.sizes)
         workload = Workload(args.model, profile, batch)
         seconds = measure(backend, workload, config, args.steps, args.warmup)
         if backend.rank == 0:

@@ -1,0 +1,91 @@
+"""What one communication operation costs on the emulated network, measured, for the simulator.
+
+The simulator's defaults describe the paper's testbed: about 0.3 ms of fixed cost per message
+(GPUs, RDMA) and links that deliver their nominal rate. On this 2-core machine a Horovod/Gloo
+all-reduce or a ps-lite push+pull costs milliseconds however small it is (Horovod's negotiation
+cycle, Gloo's round trips, Python on the critical path), and a tbf-shaped veth delivers less
+than its rate once TCP and the shaper's bursts are paid. Predicting with the defaults missed by
+19 % median (docs/benchmarks.md). So before a group's runs the harness starts one calibration
+job on the same cluster and framework: it times a 4-byte operation (the fixed cost) and an
+operation of the workload's whole gradient size (from which the delivered bandwidth follows),
+and the prediction and the simulator-chosen sizes use those two figures.
+
+The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
+or a push followed by a pull of one key (a ``dist_sync`` KVStore).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+FIXED_REPEATS = 30
+"""4-byte operations timed (after one untimed): a median of 30 settles within a few percent."""
+LARGE_REPEATS = 3
+"""Whole-gradient operations timed (after one untimed): each takes a sizeable part of a second."""
+PROBE_BYTES = 4
+"""The small operation's size: one float32, so its time is all fixed cost."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The measured medians of one framework on one emulated network."""
+
+    fixed_seconds: float
+    """A 4-byte operation: the per-operation cost, independent of size."""
+    large_seconds: float
+    """An operation of ``large_bytes``."""
+    large_bytes: int
+
+    def __post_init__(self) -> None:
+        if not (0 < self.fixed_seconds < self.large_seconds):
+            raise ValueError(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
+                             f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
+
+    def simulator_options(self, arch: str, workers: int) -> dict[str, float]:
+        """``overhead``, ``latency`` and ``bandwidth`` for :func:`bytesched.sim.predict.simulate`
+        that reproduce both measurements in the simulator's cost model.
+
+        All-reduce (ring): ``overhead + 2(n-1) latency + 2(n-1)/n bytes / bandwidth``; a PS
+        push+pull: two messages, each ``overhead + latency + bytes / bandwidth`` (with as many
+        servers as workers, each on its own host, every link carries the key's bytes once per
+        direction). Latency is folded into the overhead (set to 0): one fixed cost was measured.
+        """
+        variable = self.large_seconds - self.fixed_seconds
+        if arch == "allreduce":
+            factor = 2 * (workers - 1) / workers if workers > 1 else 0.0
+            return {"overhead": self.fixed_seconds, "latency": 0.0,
+                    "bandwidth": factor * self.large_bytes / variable if factor else float("inf")}
+        if arch == "ps":
+            return {"overhead": self.fixed_seconds / 2, "latency": 0.0,
+                    "bandwidth": 2 * self.large_bytes / variable}
+        raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Calibration":
+        return cls(float(record["fixed_seconds"]), float(record["large_seconds"]), int(record["large_bytes"]))
+
+
+def median_seconds(operation: Callable[[], None], repeats: int) -> float:
+    """Median wall-clock seconds of ``operation`` over ``repeats`` calls after an untimed one
+    (which pays connection set-up and first-use costs)."""
+    operation()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        operation()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def calibrate(make_operation: Callable[[int], Callable[[], None]], large_bytes: int) -> Calibration:
+    """Time the framework's operation on 4 bytes and on ``large_bytes``;
+    ``make_operation(nbytes)`` returns a blocking call that communicates that many bytes."""
+    fixed = median_seconds(make_operation(PROBE_BYTES), FIXED_REPEATS)
+    large = median_seconds(make_operation(large_bytes), LARGE_REPEATS)
+    return Calibration(fixed, large, large_bytes)
