@@ -14,8 +14,9 @@ import pytest
 
 from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
 from bytesched.bench.emulated.calibration import Calibration
-from bytesched.bench.emulated.configs import CONFIGURATIONS, configuration
-from bytesched.bench.emulated.prediction import SIZE_GRID, cluster_options, predict_group, resolve
+from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, configuration
+from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, cluster_options, fit_scheduled_overhead,
+                                                 predict_group, resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from bytesched.bench.emulated.report import BEGIN, END, write_section
 from bytesched.bench.emulated.results import merge, summarize
@@ -126,6 +127,21 @@ def test_calibration_reproduces_both_measurements_in_the_simulator(arch: str, wo
         assert predicted == pytest.approx(measured, rel=0.02), (nbytes, predicted, measured)
     with pytest.raises(ValueError, match="inconsistent"):
         Calibration(fixed_seconds=0.3, large_seconds=0.2, large_bytes=1000)
+
+
+@pytest.mark.parametrize("arch, theta", [("allreduce", 0.004), ("ps", 0.0015)])
+def test_fitted_overhead_recovers_the_cost_that_produced_the_probe_times(arch: str, theta: float) -> None:
+    """Probe times simulated at a known per-message cost give that cost back."""
+    [group], _ = groups(["torch-horovod" if arch == "allreduce" else "mxnet-ps"], ["vgg16"], [GBIT], [2], [])
+    profile = scaled_profile("vgg16", Scale(size=0.015, time=0.2))
+    options = cluster_options(group, "full-duplex", Calibration(0.002, 0.08, 8_000_000))
+    coarse, fine = (CONFIGURATIONS[name].params for name in PROBES)
+    measured = [simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes, credit=p.credit_bytes,
+                         **{**options, "overhead": theta}).predictions[0].result("bytescheduler").iteration_time
+                for p in (coarse, fine)]
+    assert fit_scheduled_overhead(profile, options, *measured) == pytest.approx(theta, rel=0.06)
+    if arch == "allreduce":  # slower than anything the grid explains: its largest cost
+        assert fit_scheduled_overhead(profile, options, 100.0, 100.0) == pytest.approx(MAX_OVERHEAD, rel=0.1)
 
 
 def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> None:

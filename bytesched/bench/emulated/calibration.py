@@ -10,6 +10,13 @@ job on the same cluster and framework: it times a 4-byte operation (the fixed co
 operation of the workload's whole gradient size (from which the delivered bandwidth follows),
 and the prediction and the simulator-chosen sizes use those two figures.
 
+bytesched's own path costs more per sub-task than the framework's bare operation (the Core,
+the plugin's start and completion, the rank-0 order for a PS, Python on a loaded CPU). Where a
+group runs ``bytescheduler-sim``, the calibration also runs the workload itself under two fixed
+partition sizes (the ``probe-*`` configurations) and :func:`.prediction.fit_scheduled_overhead`
+finds the per-message cost with which the simulator reproduces the measured difference between
+them; the scheduled configurations are then predicted, and their sizes chosen, with that cost.
+
 The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
 or a push followed by a pull of one key (a ``dist_sync`` KVStore).
 """
@@ -38,15 +45,20 @@ class Calibration:
     large_seconds: float
     """An operation of ``large_bytes``."""
     large_bytes: int
+    probe_seconds: tuple[float, float] | None = None
+    """Seconds per step of the workload under ``probe-coarse`` and ``probe-fine``."""
+    scheduled_overhead: float | None = None
+    """The per-message cost of bytesched's path fitted from the probes (None: not fitted)."""
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):
             raise ValueError(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
                              f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
 
-    def simulator_options(self, arch: str, workers: int) -> dict[str, float]:
+    def simulator_options(self, arch: str, workers: int, scheduled: bool = False) -> dict[str, float]:
         """``overhead``, ``latency`` and ``bandwidth`` for :func:`bytesched.sim.predict.simulate`
-        that reproduce both measurements in the simulator's cost model.
+        that reproduce both measurements in the simulator's cost model (with ``scheduled``, the
+        overhead is the fitted one of bytesched's path, where there is one).
 
         All-reduce (ring): ``overhead + 2(n-1) latency + 2(n-1)/n bytes / bandwidth``; a PS
         push+pull: two messages, each ``overhead + latency + bytes / bandwidth`` (with as many
@@ -56,18 +68,22 @@ class Calibration:
         variable = self.large_seconds - self.fixed_seconds
         if arch == "allreduce":
             factor = 2 * (workers - 1) / workers if workers > 1 else 0.0
-            return {"overhead": self.fixed_seconds, "latency": 0.0,
-                    "bandwidth": factor * self.large_bytes / variable if factor else float("inf")}
-        if arch == "ps":
-            return {"overhead": self.fixed_seconds / 2, "latency": 0.0,
-                    "bandwidth": 2 * self.large_bytes / variable}
-        raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
+            options = {"overhead": self.fixed_seconds, "latency": 0.0,
+                       "bandwidth": factor * self.large_bytes / variable if factor else float("inf")}
+        elif arch == "ps":
+            options = {"overhead": self.fixed_seconds / 2, "latency": 0.0, "bandwidth": 2 * self.large_bytes / variable}
+        else:
+            raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
+        if scheduled and self.scheduled_overhead is not None:
+            options["overhead"] = self.scheduled_overhead
+        return options
 
     def as_record(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Calibration":
+        """The worker's record of the two operations (the probes are added by the harness)."""
         return cls(float(record["fixed_seconds"]), float(record["large_seconds"]), int(record["large_bytes"]))
 
 

@@ -74,7 +74,7 @@ def groups(frameworks: Sequence[str], models: Sequence[str], bandwidths: Sequenc
     bad = [name for name in configurations if name not in CONFIGURATIONS]
     if bad:
         raise ValueError(f"configuration {bad[0]!r} is unknown: expected some of {', '.join(CONFIGURATIONS)}")
-    sized = [c for c in configurations if CONFIGURATIONS[c].sized_by_simulator]
+    sized = [c for c in configurations if CONFIGURATIONS[c].sized_at_run_time]
     real = [m for m in models if m in REAL_MODELS]
     if sized and real:
         raise ValueError(f"configuration {sized[0]!r} is sized by the simulator, which has no profile of the real "

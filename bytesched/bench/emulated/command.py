@@ -25,7 +25,7 @@ from ...sim.predict import simulate
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
-from .prediction import cluster_options, predict_group, resolve
+from .prediction import cluster_options, fit_scheduled_overhead, predict_group, resolve
 from .report import markdown, plot, write_section
 from .results import FORMAT, load, merge, save
 from .runner import Workload, run_groups
@@ -142,12 +142,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return group
         workload = workloads[group.model]
         profile = scaled_profile(group.model, Scale(workload.size_scale, workload.time_scale))
-        options = cluster_options(group, SIM_TOPOLOGY[args.topology], calibration)
+        topology = SIM_TOPOLOGY[args.topology]
+        if calibration is not None and calibration.probe_seconds is not None:
+            fitted = fit_scheduled_overhead(profile, cluster_options(group, topology, calibration),
+                                            *calibration.probe_seconds)
+            calibration = dataclasses.replace(calibration, scheduled_overhead=fitted)
+        options = cluster_options(group, topology, calibration, scheduled=True)
         group = dataclasses.replace(group, configurations=resolve(group, profile, options))
         entry = entries[group.key]
         if calibration is not None:
             entry["calibration"] = calibration.as_record()
-        entry["prediction"] = predict_group(group, profile, SIM_TOPOLOGY[args.topology], calibration)
+        entry["prediction"] = predict_group(group, profile, topology, calibration)
         return group
 
     def record(group: Group, run: dict[str, Any]) -> None:

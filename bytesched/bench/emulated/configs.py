@@ -26,7 +26,7 @@ class Configuration:
     env: tuple[tuple[str, str], ...] = field(default=())
     simulated_as: str = "vanilla"
     """The simulator policy that models it (the simulator has no Horovod autotune)."""
-    sized_by_simulator: bool = False
+    sized_at_run_time: bool = False
     """Partition and credit are chosen per group, before its runs, by the simulator on the
     calibrated cluster (:func:`.prediction.choose_sizes`), and handed to the workers."""
 
@@ -50,7 +50,13 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("bytescheduler-sim", "bytesched, bytescheduler policy, the partition and credit sizes the "
                   "simulator predicts best for the group's calibrated cluster (what `bytesched simulate --tune` "
                   "tells a user), chosen before the runs", policy="bytescheduler", simulated_as="bytescheduler",
-                  sized_by_simulator=True),
+                  sized_at_run_time=True),
+    Configuration("probe-coarse", "calibration: bytesched at 4 MB partitions / 16 MB credit", policy="bytescheduler",
+                  params=SchedulingParams(partition_bytes=4 << 20, credit_bytes=16 << 20),
+                  simulated_as="bytescheduler"),
+    Configuration("probe-fine", "calibration: bytesched at 512 KB partitions / 2 MB credit", policy="bytescheduler",
+                  params=SchedulingParams(partition_bytes=512 << 10, credit_bytes=2 << 20),
+                  simulated_as="bytescheduler"),
     Configuration("tuned", "bytesched, bytescheduler policy, auto-tuned (BYTESCHED_TUNING=1)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
@@ -62,6 +68,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
 )}
 
 BASELINE = "vanilla"
+PROBES = ("probe-coarse", "probe-fine")
+"""The two partition sizes whose measured difference fits bytesched's per-sub-task cost."""
 
 
 def configuration(name: str, sizes: dict[str, tuple[int, int]] | None = None) -> Configuration:
@@ -71,7 +79,7 @@ def configuration(name: str, sizes: dict[str, tuple[int, int]] | None = None) ->
         config = CONFIGURATIONS[name]
     except KeyError:
         raise ValueError(f"configuration {name!r} is unknown: expected one of {', '.join(CONFIGURATIONS)}") from None
-    if not config.sized_by_simulator:
+    if not config.sized_at_run_time:
         return config
     if not sizes or name not in sizes:
         raise ValueError(f"configuration {name!r} needs its partition and credit (--sizes {name}=PARTITION:CREDIT)")

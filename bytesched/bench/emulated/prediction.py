@@ -4,6 +4,7 @@ runs, the sizes of ``bytescheduler-sim``, and the ideal speedup the targets are 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ...core.config import SchedulingParams
@@ -12,7 +13,7 @@ from ...sim.simulator import VANILLA
 from ...sim.profile import ModelProfile
 from .calibration import Calibration
 from .cells import Group
-from .configs import Configuration, with_sizes
+from .configs import CONFIGURATIONS, PROBES, Configuration, with_sizes
 
 SIZE_GRID = tuple(SchedulingParams(partition_bytes=p << 10, credit_bytes=(p << 10) * k)
                   for p in (256, 512, 1024, 2048, 4096, 8192) for k in (1, 2, 4))
@@ -25,16 +26,50 @@ IDEAL_CREDITS = (1, 2, 4, 8, 16)
 """Credits of the ideal, in partitions."""
 
 
-def cluster_options(group: Group, topology: str, calibration: Calibration | None) -> dict[str, Any]:
+def cluster_options(group: Group, topology: str, calibration: Calibration | None,
+                    scheduled: bool = False) -> dict[str, Any]:
     """The simulator's cluster for ``group``: its ranks, architecture and topology (with one
-    server per worker for PS), and the calibrated costs when there are any."""
+    server per worker for PS), and the calibrated costs when there are any (of bytesched's path
+    with ``scheduled``)."""
     options: dict[str, Any] = {"workers": group.ranks, "arch": group.framework.arch,
                                "bandwidth": group.bits_per_second / 8, "topology": topology}
     if group.framework.arch == "ps":
         options["servers"] = group.ranks
     if calibration is not None:
-        options.update(calibration.simulator_options(group.framework.arch, group.ranks))
+        options.update(calibration.simulator_options(group.framework.arch, group.ranks, scheduled))
     return options
+
+
+MAX_OVERHEAD = 0.05
+"""The largest per-message cost :func:`fit_scheduled_overhead` considers (50 ms)."""
+OVERHEAD_GRID = (0.0, *(1e-4 * 1.1 ** i for i in range(math.ceil(math.log(MAX_OVERHEAD / 1e-4, 1.1)) + 1)))
+"""The costs it tries: 0, then 0.1 ms to :data:`MAX_OVERHEAD` in steps of 10 %."""
+
+
+def _step_seconds(profile: ModelProfile, options: dict[str, Any], params: SchedulingParams) -> float:
+    prediction = simulate(profile, policies=["bytescheduler"], partition=params.partition_bytes,
+                          credit=params.credit_bytes, **options).predictions[0]
+    return prediction.result("bytescheduler").iteration_time
+
+
+def fit_scheduled_overhead(profile: ModelProfile, options: dict[str, Any], coarse_seconds: float,
+                           fine_seconds: float) -> float:
+    """The per-message cost θ of :data:`OVERHEAD_GRID` with which the simulator's step times
+    under ``probe-coarse`` and ``probe-fine`` come closest to the measured ones (least squares of
+    the relative errors; ``options``: the calibrated cluster).
+
+    Both probes, not their difference alone: on a PS the simulated difference is not monotonic
+    in θ (a small θ slows the coarse probe more than the fine one), so a difference can have two
+    answers, while the coarse probe's level tells them apart.
+    """
+    coarse, fine = (CONFIGURATIONS[name].params for name in PROBES)
+
+    def error(theta: float) -> float:
+        at = {**options, "overhead": theta}
+        return ((_step_seconds(profile, at, coarse) / coarse_seconds - 1) ** 2
+                + (_step_seconds(profile, at, fine) / fine_seconds - 1) ** 2)
+
+    return min(OVERHEAD_GRID, key=error)
 
 
 def choose_sizes(profile: ModelProfile, options: dict[str, Any]) -> SchedulingParams:
@@ -45,12 +80,13 @@ def choose_sizes(profile: ModelProfile, options: dict[str, Any]) -> SchedulingPa
 
 
 def resolve(group: Group, profile: ModelProfile, options: dict[str, Any]) -> tuple[Configuration, ...]:
-    """``group``'s configurations with the simulator-sized ones given their sizes."""
-    sized = [c for c in group.configurations if c.sized_by_simulator]
+    """``group``'s configurations with the simulator-sized ones given their sizes (``options``:
+    the cluster as bytesched's path sees it)."""
+    sized = [c for c in group.configurations if c.sized_at_run_time]
     if not sized:
         return group.configurations
     params = choose_sizes(profile, options)
-    return tuple(with_sizes(c, params.partition_bytes, params.credit_bytes) if c.sized_by_simulator else c
+    return tuple(with_sizes(c, params.partition_bytes, params.credit_bytes) if c.sized_at_run_time else c
                  for c in group.configurations)
 
 
@@ -67,34 +103,39 @@ def ideal_speedup(profile: ModelProfile, options: dict[str, Any]) -> float:
 
 def predict_group(group: Group, profile: ModelProfile, topology: str,
                   calibration: Calibration | None = None) -> dict[str, Any]:
-    """Predicted samples/s and speedup per configuration of ``group`` (whose simulator-sized
+    """Predicted samples/s and speedup per configuration of ``group`` (whose run-time-sized
     configurations must already carry their sizes), the ideal speedup, the bound of perfect
     overlap, and the cluster the simulator modelled.
 
-    ``topology`` is the simulator's (``full-duplex`` or ``shared``). Configurations the simulator
-    cannot tell apart (Horovod autotune) are predicted as the policy they run.
+    ``topology`` is the simulator's (``full-duplex`` or ``shared``). The baseline is simulated
+    with the framework's calibrated cost, bytesched's configurations with their own (when it
+    was fitted). Configurations the simulator cannot tell apart (Horovod autotune) are predicted
+    as the policy they run.
     """
-    options = cluster_options(group, topology, calibration)
-    defaults = {c.simulated_as for c in group.configurations
-                if c.params.partition_bytes is None and c.simulated_as != VANILLA}
-    base = simulate(profile, policies=sorted(defaults) or [VANILLA], **options).predictions[0]
+    plain = cluster_options(group, topology, calibration)
+    scheduled = cluster_options(group, topology, calibration, scheduled=True)
+    vanilla = simulate(profile, policies=[VANILLA], **plain).predictions[0]
+    defaults = sorted({c.simulated_as for c in group.configurations
+                       if c.params.partition_bytes is None and c.simulated_as != VANILLA})
+    base = simulate(profile, policies=defaults, **scheduled).predictions[0] if defaults else vanilla
     explicit = {c.params: simulate(profile, policies=[c.simulated_as], partition=c.params.partition_bytes,
-                                   credit=c.params.credit_bytes, **options).predictions[0]
+                                   credit=c.params.credit_bytes, **scheduled).predictions[0]
                 for c in group.configurations if c.params.partition_bytes is not None}
-    vanilla = base.vanilla.iteration_time
-    out: dict[str, Any] = {"cluster": base.cluster.describe(), "compute_time": base.compute_time,
-                           "communication_time": base.communication_time,
-                           "ideal_speedup": ideal_speedup(profile, options),
-                           "overlap_bound_speedup": vanilla / base.ideal_time,
-                           "calibrated": calibration is not None, "configs": {}}
+    baseline = vanilla.vanilla.iteration_time
+    out: dict[str, Any] = {"cluster": vanilla.cluster.describe(), "compute_time": vanilla.compute_time,
+                           "communication_time": vanilla.communication_time,
+                           "ideal_speedup": ideal_speedup(profile, plain),
+                           "overlap_bound_speedup": baseline / vanilla.ideal_time,
+                           "calibrated": calibration is not None,
+                           "scheduled_overhead": scheduled["overhead"] if "overhead" in scheduled else None,
+                           "configs": {}}
     for config in group.configurations:
-        source = explicit.get(config.params, base)
+        source = vanilla if config.simulated_as == VANILLA else explicit.get(config.params, base)
         result = source.result(config.simulated_as)
         cell = {"policy": config.simulated_as, "samples_per_second": result.throughput,
-                "speedup": vanilla / result.iteration_time}
-        if config.sized_by_simulator:
+                "speedup": baseline / result.iteration_time}
+        if config.sized_at_run_time:
             cell["partition_bytes"] = config.params.partition_bytes
             cell["credit_bytes"] = config.params.credit_bytes
         out["configs"][config.name] = cell
     return out
-

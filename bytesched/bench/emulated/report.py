@@ -69,9 +69,16 @@ def _calibration(group: dict[str, Any]) -> list[str]:
     if not calibration:
         return []
     operation = "push+pull" if group["framework"] == "mxnet-ps" else "all-reduce"
-    return ["", f"Calibration (measured on this network before the runs, medians): a 4-byte {operation} took "
-                f"{calibration['fixed_seconds'] * 1e3:.2f} ms, one of {calibration['large_bytes'] / 1e6:.1f} MB "
-                f"{calibration['large_seconds'] * 1e3:.0f} ms; the simulator predicted with these."]
+    lines = ["", f"Calibration (measured on this network before the runs, medians): a 4-byte {operation} took "
+                 f"{calibration['fixed_seconds'] * 1e3:.2f} ms, one of {calibration['large_bytes'] / 1e6:.1f} MB "
+                 f"{calibration['large_seconds'] * 1e3:.0f} ms; the simulator predicted vanilla with these."]
+    probes = calibration.get("probe_seconds")
+    if probes:
+        lines.append(f"Probes: a step took {probes[0] * 1e3:.0f} ms with 4 MB partitions / 16 MB credit and "
+                     f"{probes[1] * 1e3:.0f} ms with 512 KB / 2 MB, which fits bytesched's cost per message at "
+                     f"{calibration['scheduled_overhead'] * 1e3:.2f} ms; the simulator predicted bytesched's "
+                     f"configurations (and chose `bytescheduler-sim`'s sizes) with that.")
+    return lines
 
 
 def _prediction(group: dict[str, Any]) -> list[str]:

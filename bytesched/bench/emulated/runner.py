@@ -3,6 +3,7 @@ batch of configurations, results streamed to a callback as each run ends."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any, Callable, Sequence
 from ...emulation import Cluster, Job, emulated_cluster, format_rate
 from .calibration import Calibration
 from .cells import Group, rounds
-from .configs import Configuration
+from .configs import CONFIGURATIONS, PROBES, Configuration
 from .protocol import MARKER, parse, worker_argv
 
 
@@ -62,11 +63,21 @@ def _worker_args(workload: Workload, group: Group, **mode: Any) -> list[str]:
                        workload.steps, workload.warmup, **mode)
 
 
-def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout: float) -> Calibration:
-    """Time the framework's small and whole-gradient operations on ``cluster`` (:mod:`.calibration`)."""
+def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout: float,
+                    on_line: Callable[[str], None]) -> Calibration:
+    """Time the framework's small and whole-gradient operations on ``cluster``, and where the
+    group has run-time-sized configurations also the workload under the two probe sizes
+    (:mod:`.calibration`)."""
     job = launch(cluster, group, _worker_args(workload, group, calibrate=workload.gradient_bytes), {})
     records = _finish(job, timeout, expected=1, what="calibration")
-    return Calibration.from_record(records[0]["calibration"])
+    calibration = Calibration.from_record(records[0]["calibration"])
+    if not any(c.sized_at_run_time for c in group.configurations):
+        return calibration
+    probes = [CONFIGURATIONS[name] for name in PROBES]
+    jobs = [[probe] for probe in probes] if group.framework.one_run_per_job else [probes]
+    runs = [run for configs in jobs for run in run_job(cluster, group, workload, configs, 0, timeout, on_line)]
+    seconds = {run["config"]: run["seconds"] / run["steps"] for run in runs}
+    return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in PROBES))
 
 
 def run_job(cluster: Cluster, group: Group, workload: Workload, configs: Sequence[Configuration], round_number: int,
@@ -74,7 +85,7 @@ def run_job(cluster: Cluster, group: Group, workload: Workload, configs: Sequenc
     """Run ``configs`` in one job; their result records (JobFailed with the output's tail if not all came)."""
     runs = [(c.name, round_number) for c in configs]
     sizes = {c.name: (int(c.params.partition_bytes), int(c.params.credit_bytes))
-             for c in configs if c.sized_by_simulator}
+             for c in configs if c.sized_at_run_time}
     job = launch(cluster, group, _worker_args(workload, group, runs=runs, sizes=sizes), dict(configs[0].env))
     watcher = _Echo(job, on_line)
     watcher.start()
@@ -145,6 +156,11 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
         by_network.setdefault((group.bits_per_second, hosts_for(group)), []).append(group)
     total = sum(len(g.configurations) for g in groups) * repeats
     done = 0
+
+    def show_run(label: str, line: str) -> None:
+        run = parse([line])[0]
+        say(f"  {label}: {run['config']:<17} {run['samples_per_second']:9.1f} samples/s")
+
     for (bits, hosts), members in by_network.items():
         with emulated_cluster(hosts, bits, topology=topology) as cluster:
             say(f"network: {cluster.describe()}")
@@ -154,7 +170,8 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                 calibration = None
                 if workload.gradient_bytes:
                     try:
-                        calibration = run_calibration(cluster, group, workload, timeout)
+                        calibration = run_calibration(cluster, group, workload, timeout,
+                                                      lambda line: show_run(f"{title} calibration", line))
                         say(f"  {title}: calibration: {calibration.fixed_seconds * 1e3:.2f} ms per operation, "
                             f"{calibration.large_bytes / 1e6:.1f} MB in {calibration.large_seconds * 1e3:.0f} ms")
                     except JobFailed as error:
@@ -165,15 +182,11 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                     for configs in jobs:
                         label = f"{title} round {number + 1}/{repeats}"
                         started = time.monotonic()
-
-                        def show(line: str, label: str = label) -> None:
-                            run = parse([line])[0]
-                            say(f"  {label}: {run['config']:<17} {run['samples_per_second']:9.1f} samples/s")
-
                         records = []
                         for attempt in range(1 + RETRIES):
                             try:
-                                records = run_job(cluster, group, workload, configs, number, timeout, show)
+                                records = run_job(cluster, group, workload, configs, number, timeout,
+                                                  lambda line, label=label: show_run(label, line))
                                 break
                             except JobFailed as error:
                                 final = attempt == RETRIES
