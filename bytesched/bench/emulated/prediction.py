@@ -58,9 +58,11 @@ def fit_scheduled_overhead(profile: ModelProfile, options: dict[str, Any], coars
     under ``probe-coarse`` and ``probe-fine`` come closest to the measured ones (least squares of
     the relative errors; ``options``: the calibrated cluster).
 
-    Both probes, not their difference alone: on a PS the simulated difference is not monotonic
-    in θ (a small θ slows the coarse probe more than the fine one), so a difference can have two
-    answers, while the coarse probe's level tells them apart.
+    Both absolute times, not their difference or ratio alone: on a PS (and for some models on
+    all-reduce) those are not monotonic in θ (a small θ slows the coarse probe more than the
+    fine one), so one ratio can have two answers, while the coarse probe's level tells them
+    apart. The price is sensitivity to load: a load spike that slows the probes makes θ too
+    large, which the report shows (the measured probe times are printed next to it).
     """
     coarse, fine = (CONFIGURATIONS[name].params for name in PROBES)
 
