@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 import bytesched.core as core_mod
-from bytesched.core import Config, Core, CoreShutdownError, SchedulingParams, SubTask
+from bytesched.core import Config, Core, CoreShutdownError, Scheduler, SchedulingParams, SubTask
+from bytesched.core.policies import make_policy
 
 from coretools import BufferTask
 
@@ -129,6 +130,15 @@ def test_enqueue_before_start_is_an_error() -> None:
     core = Core(Config())
     with pytest.raises(RuntimeError, match="not started"):
         core.enqueue(BufferTask("x", 0, 4))
+
+
+def test_signals_of_a_task_never_enqueued_name_it() -> None:
+    task = BufferTask("orphan", 0, 8)
+    sched = Scheduler(make_policy("fifo", SchedulingParams()))
+    sched.enqueue(task, 0.0)  # partitioned by a bare Scheduler, never handed to a Core
+    for signal in (task.notify_ready, lambda: task.notify_finish(task.subtasks[0])):
+        with pytest.raises(RuntimeError, match="CommTask 'orphan' was not enqueued to a Core"):
+            signal()
 
 
 def test_a_failing_start_fails_that_task_only() -> None:

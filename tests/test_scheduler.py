@@ -261,3 +261,82 @@ def test_batched_release_decides_like_the_generic_loop(tasks, partition, credit,
         assert sched.idle
         runs.append(([(s.key, s.t_start, s.t_finish) for s in driver.started], waiting, sched.take_stats()))
     assert runs[0] == runs[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(tasks=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 400)), min_size=1, max_size=10),
+       partition=st.sampled_from([4, 64, 1000, UNLIMITED]), credit=st.sampled_from([1, 4, 100, 2000, UNLIMITED]),
+       policy=st.sampled_from(["bytescheduler", "tictac", "p3", "fifo", "prophet"]),
+       run=st.integers(1, 6))
+def test_a_run_of_finishes_decides_like_finishes_one_by_one(tasks, partition, credit, policy, run) -> None:
+    """Scheduler.finish_many (the runtime Core's call for the finishes it drains together) starts
+    the same sub-tasks at the same times, completes the same tasks and counts the same statistics
+    as finish() called for each; and the Scheduler's count of waiting sub-tasks (which lets a
+    finish skip the policy) always equals the policy's own."""
+    outcomes = []
+    for together in (False, True):
+        sched = Scheduler(make_policy(policy, SchedulingParams(partition_bytes=partition, credit_bytes=credit)))
+        in_flight: list[SubTask] = []
+        starts: list[tuple[tuple[str, int, int], float]] = []
+        completed: list[str] = []
+
+        def started(subs: list[SubTask], sched: Scheduler = sched, in_flight: list[SubTask] = in_flight,
+                    starts: list = starts) -> None:
+            assert sched.waiting == len(sched.policy)
+            in_flight.extend(subs)
+            starts.extend((s.key, s.t_start) for s in subs)
+
+        def finish_run(now: float, sched: Scheduler = sched, in_flight: list[SubTask] = in_flight,
+                       completed: list[str] = completed, together: bool = together) -> None:
+            subs = in_flight[:run]
+            del in_flight[:run]
+            if together:
+                out, done = sched.finish_many(subs, now)
+                completed.extend(t.name for t in done)
+            else:
+                out = []
+                for sub in subs:
+                    out += sched.finish(sub, now)
+                    if not sub.task.remaining:
+                        completed.append(sub.task.name)
+            started(out)
+
+        objs = [BufferTask(f"t{i}", prio, nelem * 4) for i, (prio, nelem) in enumerate(tasks)]
+        for task in objs:
+            sched.enqueue(task, 0.0)
+        now = 0.0
+        for task in objs:  # each ready in turn, then a run of the oldest finishes
+            now += 1.0
+            started(sched.ready(task, now))
+            finish_run(now + 0.5)
+        while in_flight:
+            now += 1.0
+            finish_run(now)
+        assert sched.idle and sched.waiting == 0
+        outcomes.append((starts, completed, sched.take_stats()))
+    assert outcomes[0] == outcomes[1]
+    assert sorted(outcomes[0][1]) == sorted(t.name for t in objs)  # every task completed once
+
+
+def test_finish_many_names_a_protocol_violation() -> None:
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=UNLIMITED)))
+    task = BufferTask("w", 0, 8)
+    sched.enqueue(task, 0.0)
+    sub = task.subtasks[0]
+    with pytest.raises(SchedulingError, match=r"SubTask\('w'#0\[0\], 8B\) finished but was never started"):
+        sched.finish_many([sub], 1.0)
+    assert sched.ready(task, 1.0) == [sub]
+    with pytest.raises(SchedulingError, match="finished twice"):
+        sched.finish_many([sub, sub], 2.0)
+
+
+def test_subtasks_of_a_task_match_one_by_one_construction() -> None:
+    task = BufferTask("w", 3, 40)
+    task.instance = 2
+    pieces = task.partition(16)
+    fast = SubTask.of(task, pieces)
+    slow = [SubTask(task, i, nbytes, payload) for i, (payload, nbytes) in enumerate(pieces)]
+    for a, b in zip(fast, slow, strict=True):
+        assert type(a) is SubTask
+        assert (a.task, a.index, a.nbytes, a.payload, a.key) == (b.task, b.index, b.nbytes, b.payload, b.key)
+        assert all(math.isnan(t) for t in (a.t_ready, a.t_start, a.t_finish))

@@ -158,8 +158,11 @@ class Core:
     # -- plugin interface ---------------------------------------------------------------------
     def enqueue(self, task: CommTask, *, ready: bool = False) -> None:
         """Hand ``task`` to the Core; with ``ready=True`` it is also ready (saves one event)."""
-        self._check_accepting(task)
+        if self.failure is not None or not self._accepting or self._thread is None:
+            raise self._refusal(task)
         task.core = self
+        # The signal sent once per sub-task goes straight to the queue's put (no Python call).
+        task.notify_finish = self.post_finish  # type: ignore[method-assign]
         self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
     def post_ready(self, task: CommTask) -> None:
@@ -193,13 +196,15 @@ class Core:
             return "unknown (the bytesched Core did not answer)"
         return box[0]
 
-    def _check_accepting(self, task: CommTask) -> None:
+    def _refusal(self, task: CommTask) -> RuntimeError:
+        """Why ``task`` cannot be enqueued (the Core failed, was shut down or never started)."""
         if self.failure is not None:
-            raise RuntimeError(f"bytesched Core failed earlier: {self.failure}") from self.failure
+            error = RuntimeError(f"bytesched Core failed earlier: {self.failure}")
+            error.__cause__ = self.failure
+            return error
         if not self._accepting:
-            raise RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was shut down")
-        if self._thread is None:
-            raise RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was not started (Core.start())")
+            return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was shut down")
+        return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was not started (Core.start())")
 
     # -- the scheduler thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -217,7 +222,6 @@ class Core:
         get = self._events.get
         empty = self._events.empty
         sched = self.scheduler
-        timeline = self._timeline
         clock = time.monotonic
         stop_deadline: float | None = None
         next_stall_check = clock() + self._stall_period()
@@ -228,16 +232,15 @@ class Core:
             except queue.Empty:
                 event = None
             started: list[SubTask] = []
+            finished: list[SubTask] = []  # a run of finishes, handed to the Scheduler in one call
             while event is not None:
-                now = clock()
                 if type(event) is SubTask:  # a finish, the most frequent event: one per sub-task
-                    started += sched.finish(event, now)
-                    if timeline is not None:
-                        timeline.record(event)
-                    task = event.task
-                    if not task.remaining:
-                        task.on_finish()
+                    finished.append(event)
                 else:
+                    now = clock()
+                    if finished:  # events are handled in arrival order
+                        started += self._finish(finished, now)
+                        finished = []
                     kind, obj = event
                     if kind == _ENQUEUE_READY:
                         sched.enqueue(obj, now)
@@ -255,6 +258,8 @@ class Core:
                     elif kind == _STOP:
                         stop_deadline = obj
                 event = get() if not empty() else None
+            if finished:
+                started += self._finish(finished, clock())
             self._start_all(started)
             now = clock()
             if not started and sched.wake_at() is not None and now >= sched.wake_at():
@@ -266,6 +271,16 @@ class Core:
                 if not sched.idle:
                     self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
                 return
+
+    def _finish(self, subs: list[SubTask], now: float) -> list[SubTask]:
+        """A run of finish events: what they start; records them and tells completed tasks."""
+        started, completed = self.scheduler.finish_many(subs, now)
+        if self._timeline is not None:
+            for sub in subs:
+                self._timeline.record(sub)
+        for task in completed:
+            task.on_finish()
+        return started
 
     def _wait_timeout(self, now: float, stop_deadline: float | None, next_stall_check: float) -> float:
         deadline = next_stall_check

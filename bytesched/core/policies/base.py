@@ -194,17 +194,17 @@ class CreditPolicy(PriorityPolicy):
         started: list[SubTask] = []
         while heap:
             entry = heap[0]
-            _, _, piece, pieces = entry
-            end = len(pieces)
-            while piece < end:
-                nbytes = pieces[piece].nbytes
+            _, _, first, pieces = entry
+            count_before = inflight_count
+            for sub in pieces[first:] if first else pieces:
+                nbytes = sub.nbytes
                 if inflight_count and inflight_bytes + nbytes > credit:
                     break
                 inflight_bytes += nbytes
                 inflight_count += 1
-                piece += 1
-            started += pieces[entry[2]:piece]
-            if piece < end:  # the head does not fit
+            piece = first + inflight_count - count_before
+            started += pieces[first:piece]
+            if piece < len(pieces):  # the head does not fit
                 entry[2] = piece
                 break
             heappop(heap)
