@@ -8,7 +8,7 @@ import pytest
 
 from bytesched.core.task import SubTask
 from bytesched.sim.allreduce import RingAllreduce
-from bytesched.sim.engine import EventLoop
+from bytesched.sim.engine import EventLoop, Timer
 from bytesched.sim.network import PULL, PUSH, SPREAD, FullDuplexFabric, SharedMediumFabric
 from bytesched.sim.ps import Assignment, ParameterServer
 
@@ -41,6 +41,29 @@ def test_event_loop_stop_ends_run() -> None:
     loop.call_at(2.0, pytest.fail, "ran past stop()")
     assert loop.run() is True
     assert loop.now == 1.0
+
+
+def test_a_retimed_timer_runs_once_in_the_order_of_its_last_setting() -> None:
+    """A Timer moved later keeps its place in the run order as of its last setting, exactly as
+    cancelling and re-scheduling with call_at would (the fabric's results depend on it)."""
+    loop = EventLoop()
+    seen: list[tuple[str, float]] = []
+    timer = Timer(loop, lambda: seen.append(("timer", loop.now)))
+    timer.set(1.0)
+    loop.call_at(2.0, lambda: seen.append(("scheduled before", loop.now)))
+    timer.set(3.0)  # later: it waits on its entry at 1.0
+    timer.set(2.0)  # now after "scheduled before" among the events at 2.0
+    loop.call_at(2.0, lambda: seen.append(("scheduled after", loop.now)))
+    earlier = Timer(loop, lambda: seen.append(("earlier", loop.now)))
+    earlier.set(4.0)
+    earlier.set(0.5)  # earlier: a new entry; the one at 4.0 is skipped
+    cleared = Timer(loop, lambda: seen.append(("cleared", loop.now)))
+    cleared.set(1.5)
+    cleared.set(math.inf)
+    assert loop.run() is False
+    assert seen == [("earlier", 0.5), ("scheduled before", 2.0), ("timer", 2.0), ("scheduled after", 2.0)]
+    with pytest.raises(ValueError, match="before now"):
+        timer.set(1.0)
 
 
 # -- processor sharing ------------------------------------------------------------------------

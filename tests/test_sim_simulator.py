@@ -14,6 +14,7 @@ from bytesched.core.task import SubTask
 from bytesched.sim import Cluster, Layer, ModelProfile, SimulationError, Tensor, WorkerSpec, VANILLA, run
 from bytesched.sim.simulator import transfer_estimate, make_fabric
 from bytesched.sim.engine import EventLoop
+from bytesched.sim.profile import load_profile
 
 MB = 1_000_000
 
@@ -106,6 +107,21 @@ def test_vanilla_waits_at_the_barrier_and_bytescheduler_crosses_it() -> None:
             assert forward_start[1, layer] >= comm_end[0, layer] - 1e-12  # never before its own data
         crossed = forward_start[1, 0] < all_done
         assert crossed == crossing, policy
+
+
+def test_heterogeneous_ps_where_a_flow_is_rebound_at_the_same_mark_completes() -> None:
+    """Regression: a flow that its own link limited and then the server again, within one
+    instant, got the same completion mark twice; the second copy made the completion fail with
+    a KeyError (VGG16, 8 workers of slightly different speeds, no per-message cost)."""
+    profile = load_profile("vgg16")
+    specs = tuple((r, WorkerSpec(compute=1 + r / 80)) for r in range(8))
+    result = run(profile, cluster("ps", workers=8, bandwidth=25e9 / 8, overhead=0.0, latency=0.0, worker_specs=specs),
+                 "fifo", warmup=0, iterations=1, trace=True)
+    assert result.trace is not None
+    assert len(result.trace.subtasks) == profile.num_tensors
+    assert all(s.t_ready <= s.t_start <= s.t_finish for s in result.trace.subtasks)
+    slowest = (1 + 7 / 80) * sum(layer.forward + layer.backward for layer in profile.layers)
+    assert result.iteration_time >= slowest
 
 
 def test_deterministic() -> None:

@@ -6,6 +6,7 @@ event themselves, which keeps the hot path free of coroutine overhead).
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Any, Callable
 
 
@@ -21,6 +22,56 @@ class Event:
     def cancel(self) -> None:
         """Do not run this event (it stays in the heap until its time comes)."""
         self.cancelled = True
+
+
+class Timer:
+    """A callback that is re-timed often, e.g. a shared link's next completion, which moves
+    every time a flow joins or leaves.
+
+    Re-timing it reserves the loop's next sequence number, exactly as cancelling an event and
+    scheduling a new one with :meth:`EventLoop.call_at` would, so the run order (time, then
+    sequence) is the same; but it pushes a heap entry only when the new time is earlier than
+    the entry already waiting. A later entry is pushed when the earlier one comes due, with the
+    sequence number reserved for it, so a link whose completion moves later 64 times in one
+    instant costs one heap entry, not 64.
+    """
+
+    __slots__ = ("loop", "fn", "args", "when", "seq", "armed")
+
+    def __init__(self, loop: "EventLoop", fn: Callable[..., Any], *args: Any) -> None:
+        self.loop = loop
+        self.fn = fn
+        self.args = args
+        self.when = math.inf  # when it is due (inf: not set)
+        self.seq = -1  # its reserved sequence number
+        self.armed: tuple[float, int] | None = None  # the (when, seq) of the heap entry it waits on
+
+    def set(self, when: float) -> None:
+        """Run the callback at virtual time ``when`` (not before now) instead of when it was
+        due; ``math.inf`` clears it."""
+        self.when = when
+        if when == math.inf:
+            return
+        loop = self.loop
+        if when < loop.now:
+            raise ValueError(f"cannot time {self.fn!r} at t={when!r}, before now={loop.now!r}")
+        self.seq = seq = loop._seq
+        loop._seq = seq + 1
+        armed = self.armed
+        if armed is None or when < armed[0]:
+            self.armed = (when, seq)
+            heapq.heappush(loop._heap, (when, seq, self._come_due, (when, seq), None))
+
+    def _come_due(self, when: float, seq: int) -> None:
+        if self.armed != (when, seq):
+            return  # superseded by an earlier entry
+        self.armed = None
+        if seq == self.seq and self.when == when:
+            self.when = math.inf
+            self.fn(*self.args)
+        elif self.when < math.inf:  # it moved later: wait on the entry it reserved
+            self.armed = (self.when, self.seq)
+            heapq.heappush(self.loop._heap, (self.when, self.seq, self._come_due, self.armed, None))
 
 
 class EventLoop:

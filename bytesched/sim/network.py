@@ -25,7 +25,10 @@ a flow joining or leaving a server that 64 workers push to updates one clock and
 not 64 flows; only flows limited by their own worker's link are re-timed one by one. Each
 shared link also keeps its load current as flows join and leave (a spread flow changes every
 busy server's), so re-rating it is one division; the load is the same sum, in the same order,
-that recomputing it from the per-server counts gives, so no result changes by a bit.
+that recomputing it from the per-server counts gives, so no result changes by a bit. Its next
+completion is a :class:`~bytesched.sim.engine.Timer`: 64 flows joining one server in one
+instant move it 64 times but put one entry on the event heap, in the same run order as
+cancelling and re-scheduling it each time.
 
 Two topologies, chosen per cluster:
 
@@ -43,9 +46,9 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from itertools import count
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from .engine import Event, EventLoop
+from .engine import EventLoop, Timer
 
 PUSH = 0
 PULL = 1
@@ -76,9 +79,10 @@ class SharedLink:
     virtual clock of the flows it limits."""
 
     __slots__ = ("key", "capacity", "active", "load", "share", "clock", "clock_time", "bound", "free", "marks",
-                 "event", "due")
+                 "timer", "due")
 
-    def __init__(self, key: object, capacity: float) -> None:
+    def __init__(self, key: object, capacity: float, loop: EventLoop,
+                 on_due: Callable[["SharedLink"], None]) -> None:
         self.key = key
         self.capacity = capacity
         self.active = 0  # flows crossing it (counted by topologies with several shared links)
@@ -89,7 +93,7 @@ class SharedLink:
         self.bound: dict[Flow, None] = {}  # flows this link limits (they follow the clock)
         self.free: dict[Flow, None] = {}  # flows on it that their worker's link limits
         self.marks: list[tuple[float, int, Flow]] = []  # (clock at which a bound flow ends, ...)
-        self.event: Event | None = None
+        self.timer = Timer(loop, on_due, self)  # completes its earliest flow(s), at ``due``
         self.due = math.inf
 
     def advance(self, now: float) -> None:
@@ -98,24 +102,24 @@ class SharedLink:
 
 
 class Flow:
-    """One message: ``slices`` connections of ``remaining`` bytes each, with its fixed cost."""
+    """One message on ``connection``: ``slices`` byte streams of ``remaining`` bytes each, with
+    its fixed cost; ``on_done(*args)`` when it arrived."""
 
-    __slots__ = ("klass", "direction", "server", "slices", "weight", "fixed", "on_done", "seq", "connection",
+    __slots__ = ("connection", "server", "slices", "weight", "fixed", "on_done", "args", "seq",
                  "link", "shared", "state", "remaining", "rate", "t_last", "finish", "mark")
 
-    def __init__(self, klass: int, direction: int, server: int, slices: int, weight: float,
-                 nbytes: float, fixed: float, on_done: Callable[[], None], seq: int) -> None:
-        self.klass = klass
-        self.direction = direction
-        self.server = server
-        self.slices = slices
-        self.weight = weight
+    def __init__(self, connection: "Connection", nbytes: float, fixed: float, on_done: Callable[..., None],
+                 args: tuple[Any, ...], seq: int) -> None:
+        self.connection = connection
+        self.server = connection.server
+        self.slices = slices = connection.slices
+        self.weight = connection.weight
         self.fixed = fixed
         self.on_done = on_done
+        self.args = args
         self.seq = seq
-        self.connection: Connection | None = None
-        self.link: Link | None = None  # both set when it begins moving bytes
-        self.shared: SharedLink | None = None
+        self.link = connection.link
+        self.shared = connection.shared
         self.state = _NEW
         self.remaining = nbytes / slices  # per connection; exact while NEW or FREE (at t_last)
         self.rate = 0.0
@@ -126,12 +130,17 @@ class Flow:
 
 class Connection:
     """One worker class's FIFO byte stream to one server (or all, :data:`SPREAD`) in one
-    direction: the links it crosses (looked up once) and the messages queued behind the one
-    in flight."""
+    direction: what its messages share (looked up once: the links they cross, their slices
+    and weight) and the messages queued behind the one in flight."""
 
-    __slots__ = ("link", "shared", "busy", "queue")
+    __slots__ = ("direction", "server", "slices", "weight", "link", "shared", "busy", "queue")
 
-    def __init__(self, link: Link | None, shared: SharedLink) -> None:
+    def __init__(self, direction: int, server: int, slices: int, weight: float, link: Link | None,
+                 shared: SharedLink) -> None:
+        self.direction = direction
+        self.server = server
+        self.slices = slices
+        self.weight = weight  # the identical workers it stands for, on a link they share
         self.link = link
         self.shared = shared
         self.busy = False
@@ -149,24 +158,26 @@ class Fabric(ABC):
         self._seq = count()
 
     def send(self, klass: int, direction: int, server: int, nbytes: float, fixed: float,
-             on_done: Callable[[], None]) -> None:
+             on_done: Callable[..., None], *args: Any) -> None:
         """Move ``nbytes`` from (PUSH) or to (PULL) every worker of ``klass`` and ``server``
         (or all servers if ``server`` is :data:`SPREAD`) after the messages already queued on
-        that connection; ``fixed`` seconds of per-message cost come first; call ``on_done``
-        when it arrived."""
-        slices = self.num_servers if server == SPREAD else 1
-        flow = Flow(klass, direction, server, slices, self.multiplicity[klass], nbytes, fixed, on_done,
-                    next(self._seq))
+        that connection; ``fixed`` seconds of per-message cost come first; call
+        ``on_done(*args)`` when it arrived."""
         connection = self._connections.get((klass, direction, server))
         if connection is None:
-            connection = self._connections[klass, direction, server] = Connection(self._link_of(flow),
-                                                                                   self._shared_of(flow))
-        flow.connection = connection
+            connection = self._connections[klass, direction, server] = Connection(
+                direction, server, self.num_servers if server == SPREAD else 1, self.multiplicity[klass],
+                self._link_of(klass, direction), self._shared_of(direction, server))
+        flow = Flow(connection, nbytes, fixed, on_done, args, next(self._seq))
         if connection.busy:
             connection.queue.append(flow)
         else:
             connection.busy = True
             self._prepare(flow)
+
+    def _shared_link(self, key: object, capacity: float) -> SharedLink:
+        """A shared link of this fabric, its completion timer on this fabric's loop."""
+        return SharedLink(key, capacity, self.loop, self._due)
 
     # -- flow life cycle ----------------------------------------------------------------------
     def _prepare(self, flow: Flow) -> None:
@@ -180,21 +191,21 @@ class Fabric(ABC):
             self._finished([flow])
             return
         flow.t_last = self.loop.now
-        connection = flow.connection
-        assert connection is not None
-        flow.shared = connection.shared
-        flow.link = link = connection.link
+        link = flow.link
         if link is None:
             self._update(self._count(flow, +1), [flow])
             return
         link.load += flow.slices
         flows = link.flows
         flows[flow] = None
-        self._update(self._count(flow, +1), list(flows))
+        groups = self._count(flow, +1)
+        if len(flows) == 1 and len(groups) == 1:  # the common case: alone on its link, one shared link changed
+            self._update_shared(groups[0], [flow], flow.t_last)
+        else:
+            self._update(groups, list(flows))
 
     def _due(self, shared: SharedLink) -> None:
         """The earliest flow(s) on ``shared`` completed."""
-        shared.event = None
         shared.due = math.inf
         now = self.loop.now
         shared.advance(now)
@@ -205,11 +216,12 @@ class Fabric(ABC):
         limit = shared.clock + 1e-9 * (1.0 + shared.clock)  # the clock's float rounding, far above 1e-16 relative
         while marks:
             mark, _, flow = marks[0]
-            if flow.state != _BOUND or flow.shared is not shared or flow.mark != mark:
-                heappop(marks)  # stale: the flow was re-timed since
+            if flow.state != _BOUND or flow.mark != mark:
+                heappop(marks)  # stale: the flow was re-timed since (a link's heap holds only its flows)
             elif mark <= limit:
                 heappop(marks)
                 del bound[flow]
+                flow.state = _DONE  # a second entry with the same mark (re-bound to it) is stale
                 done.append(flow)
             else:
                 break
@@ -239,13 +251,12 @@ class Fabric(ABC):
         """Start the next message of each flow's connection, then report the flows done."""
         for flow in flows:
             connection = flow.connection
-            assert connection is not None
             if connection.queue:
                 self._prepare(connection.queue.popleft())
             else:
                 connection.busy = False
         for flow in flows:
-            flow.on_done()
+            flow.on_done(*flow.args)
 
     # -- rates --------------------------------------------------------------------------------
     def _update(self, groups: list[SharedLink], flows: list[Flow]) -> None:
@@ -281,7 +292,22 @@ class Fabric(ABC):
             check = own + [f for f in shared.free if f.link.capacity / f.link.load > new]  # type: ignore[union-attr]
         for flow in check:
             self._classify(flow, shared, now)
-        self._retime(shared)
+        # re-time it: its earliest bound flow's mark (dropping stale marks) or free flow's finish
+        marks = shared.marks
+        while marks:
+            mark, _, flow = marks[0]
+            if flow.state == _BOUND and flow.mark == mark:
+                due = now + (mark - shared.clock) / new
+                break
+            heapq.heappop(marks)  # stale: the flow was re-timed or left since
+        else:
+            due = math.inf
+        for flow in shared.free:
+            if flow.finish < due:
+                due = flow.finish
+        if due != shared.due:
+            shared.due = due
+            shared.timer.set(due if due >= now else now)
 
     def _classify(self, flow: Flow, shared: SharedLink, now: float) -> None:
         """Put ``flow`` under the limit of whichever of its links gives it less."""
@@ -315,36 +341,15 @@ class Fabric(ABC):
             flow.finish = now + remaining / own
             shared.free[flow] = None
 
-    def _retime(self, shared: SharedLink) -> None:
-        marks = shared.marks
-        while marks:
-            mark, _, flow = marks[0]
-            if flow.state == _BOUND and flow.shared is shared and flow.mark == mark:
-                due = shared.clock_time + (mark - shared.clock) / shared.share
-                break
-            heapq.heappop(marks)  # stale: the flow was re-timed or left since
-        else:
-            due = math.inf
-        for flow in shared.free:
-            if flow.finish < due:
-                due = flow.finish
-        if due == shared.due:
-            return
-        if shared.event is not None:
-            shared.event.cancelled = True  # Event.cancel(), without the call
-            shared.event = None
-        shared.due = due
-        if due < math.inf:
-            shared.event = self.loop.call_at(max(due, self.loop.now), self._due, shared)
-
     # -- topology -----------------------------------------------------------------------------
     @abstractmethod
-    def _link_of(self, flow: Flow) -> Link | None:
-        """The flow's worker's own link, if the topology has one."""
+    def _link_of(self, klass: int, direction: int) -> Link | None:
+        """The own link of ``klass``'s workers in ``direction``, if the topology has one."""
 
     @abstractmethod
-    def _shared_of(self, flow: Flow) -> SharedLink:
-        """The shared link the flow crosses (a server's NIC, or the medium)."""
+    def _shared_of(self, direction: int, server: int) -> SharedLink:
+        """The shared link a message to or from ``server`` crosses (a server's NIC, or the
+        medium)."""
 
     @abstractmethod
     def _count(self, flow: Flow, sign: int) -> list[SharedLink]:
@@ -378,27 +383,27 @@ class FullDuplexFabric(Fabric):
                              for c, bw in enumerate(worker_bandwidth)]
         self.server_bandwidth = server_bandwidth
         self._slowest = min(worker_bandwidth)
-        self._servers = tuple([SharedLink((d, s), server_bandwidth) for s in range(num_servers)] for d in (PUSH, PULL))
-        self._spread_link = tuple(SharedLink((d, SPREAD), server_bandwidth) for d in (PUSH, PULL))
+        self._servers = tuple([self._shared_link((d, s), server_bandwidth) for s in range(num_servers)]
+                              for d in (PUSH, PULL))
+        self._spread_link = tuple(self._shared_link((d, SPREAD), server_bandwidth) for d in (PUSH, PULL))
         self._own = ([0.0] * num_servers, [0.0] * num_servers)  # per direction, per server
         self._spread = [0.0, 0.0]
         self._max_own = [0.0, 0.0]
         # per direction, the server links flows cross (an ordered set: the order they got busy)
         self._busy: tuple[dict[SharedLink, None], dict[SharedLink, None]] = ({}, {})
 
-    def _link_of(self, flow: Flow) -> Link:
-        return self.worker_links[flow.klass][flow.direction]
+    def _link_of(self, klass: int, direction: int) -> Link:
+        return self.worker_links[klass][direction]
 
-    def _shared_of(self, flow: Flow) -> SharedLink:
-        if flow.server == SPREAD:
-            return self._spread_link[flow.direction]
-        return self._servers[flow.direction][flow.server]
+    def _shared_of(self, direction: int, server: int) -> SharedLink:
+        if server == SPREAD:
+            return self._spread_link[direction]
+        return self._servers[direction][server]
 
     def _count(self, flow: Flow, sign: int) -> list[SharedLink]:
-        d = flow.direction
+        d = flow.connection.direction
         busy = self._busy[d]
         shared = flow.shared
-        assert shared is not None
         active = shared.active = shared.active + sign
         if active == sign:  # it was idle
             busy[shared] = None
@@ -440,12 +445,12 @@ class SharedMediumFabric(Fabric):
         super().__init__(loop, num_servers, multiplicity)
         if not bandwidth > 0:
             raise ValueError(f"medium capacity must be > 0 bytes/s, got {bandwidth!r}")
-        self.medium = SharedLink("medium", bandwidth)
+        self.medium = self._shared_link("medium", bandwidth)
 
-    def _link_of(self, flow: Flow) -> None:
+    def _link_of(self, klass: int, direction: int) -> None:
         return None
 
-    def _shared_of(self, flow: Flow) -> SharedLink:
+    def _shared_of(self, direction: int, server: int) -> SharedLink:
         return self.medium
 
     def _count(self, flow: Flow, sign: int) -> list[SharedLink]:

@@ -78,8 +78,7 @@ class ParameterServer:
         the server's time to apply the aggregated gradient before answering pulls.
         """
         server = self.assignment.place(key, sub.nbytes)
-        self.fabric.send(klass, PUSH, server, sub.nbytes, self.fixed,
-                         lambda: self._pushed(klass, sub, server, update, done))
+        self.fabric.send(klass, PUSH, server, sub.nbytes, self.fixed, self._pushed, klass, sub, server, update, done)
 
     def _pushed(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:
         agg = self._aggregations.get(sub.key)
