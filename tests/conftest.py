@@ -136,6 +136,27 @@ def no_leftover_processes(request: pytest.FixtureRequest,
                     pytrace=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_process_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the module whose tests (or module fixtures) left a child of pytest running.
+
+    The per-test guard above ignores children that existed before the test, so a helper started
+    by a module fixture (multiprocessing's resource tracker once was) would live on unseen for the
+    whole session and be counted as theirs by later tests that look at pytest's children.
+    """
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    leftovers = [p for p in _alive(psutil.Process().children(recursive=True)) if p.pid not in before]
+    if leftovers:
+        _gone, leftovers = psutil.wait_procs(leftovers, timeout=SETTLE_SECONDS)
+        leftovers = _alive(leftovers)
+    if leftovers:
+        description = _describe(leftovers)
+        kill_all(leftovers)
+        pytest.fail(f"{request.module.__name__} left processes running after its last test (now killed):\n"
+                    f"{description}", pytrace=False)
+
+
 # --------------------------------------------------------------------------- running jobs
 
 

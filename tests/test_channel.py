@@ -526,11 +526,18 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def resource_tracker() -> None:
-    """Start multiprocessing's resource tracker before any test, as the helper of this pytest
-    process that it is: spawning starts it on first use and it lives as long as its parent, which
-    would otherwise count as a process left behind by the first multi-process test."""
+def resource_tracker() -> Iterator[None]:
+    """Run multiprocessing's resource tracker for this module's tests only.
+
+    Spawning a process starts the tracker on first use, and it would live as long as pytest: the
+    first multi-process test would count it as a process it left behind, and every later test of
+    the session would find a stray child of pytest (the Ctrl-C test in test_reliability_faults.py
+    once did). So it starts before the first test here and stops after the last one (closing its
+    pipe ends it; ``_stop`` is the only way the standard library offers, and it waits for it).
+    """
     multiprocessing.resource_tracker.ensure_running()
+    yield
+    multiprocessing.resource_tracker._resource_tracker._stop()
 
 
 @contextlib.contextmanager

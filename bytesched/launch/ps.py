@@ -57,6 +57,14 @@ DEFAULT_SHUTDOWN_GRACE = 5.0
 
 # The scheduler and servers run no user code: importing mxnet with DMLC_ROLE set serves.
 _SERVE_CODE = "import mxnet"
+# Why the job cannot go on without a failed member: ps-lite never replaces one, and the survivors
+# would block in C++ (a push or pull, or the final barrier) with no error of their own.
+_WITHOUT = {
+    "scheduler": "ps-lite cannot go on without its scheduler",
+    "server": "ps-lite cannot replace a lost server; every push and pull of the keys it held would "
+              "wait for it forever",
+    "worker": "the servers would wait forever for its pushes (dist_sync) and its part of the final barrier",
+}
 
 
 class LaunchError(ValueError):
@@ -326,7 +334,8 @@ def _watch(job: _Job, timeout: float | None, started: float) -> int | None:
         if event is None:
             return None
         if event.returncode != 0:
-            job.say(f"{event.member.name} {_describe_exit(event.returncode)}; stopping the job")
+            job.say(f"{event.member.name} {_describe_exit(event.returncode)}; stopping the job: "
+                    f"{_WITHOUT[event.member.role]}")
             return _job_status(event.returncode)
     return 0
 
@@ -552,6 +561,9 @@ def launch_ps(
         finally:
             job.stopping = True  # from here on, signals to the launcher are only recorded
             _stop(job, kill_grace)
+    if status != 0:
+        job.say("how each process ended: " + ", ".join(
+            f"{m.name} {_describe_exit(m.returncode)}" for m in job.members if m.returncode is not None))
     return status
 
 

@@ -7,10 +7,17 @@ reduces every parameter to an exact integer digest (a position-weighted sum of i
 independent of summation order and of floating-point rounding), the digests of all ranks are
 all-gathered with the job's own backend, and the first parameter whose digests differ is named
 with the ranks that disagree with rank 0.
+
+Before any of that, every multi-rank ScheduledOptimizer checks once, at construction, that every
+rank has the same trainable parameters (names, shapes, dtypes): bytesched names each all-reduce
+after its parameter, so a parameter that exists on one rank only would leave the others waiting
+for a collective that never comes (a hang, not an error). Registration order and forward order may
+differ between ranks: all-reduces are matched by name, so both are compared in name order.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 import torch
@@ -23,6 +30,68 @@ _WEIGHT_PERIOD = 251  # byte i weighs (i mod 251) + 1: a swap of two bytes chang
 
 class ParameterDivergence(RuntimeError):
     """Ranks hold different values of a parameter that data parallelism keeps identical."""
+
+
+class ModelMismatch(ValueError):
+    """Ranks built models whose trainable parameters differ (a name, shape or dtype)."""
+
+
+def describe_parameters(slots: list[ParamSlot]) -> dict[str, str]:
+    """``{name: "shape dtype"}`` of the trainable parameters: what must match on every rank."""
+    return {slot.name: f"{tuple(slot.param.shape)} {str(slot.param.dtype).removeprefix('torch.')}"
+            for slot in slots}
+
+
+def _encode(described: dict[str, str]) -> bytes:
+    return "\n".join(f"{name}\t{kind}" for name, kind in sorted(described.items())).encode()
+
+
+def _decode(raw: bytes) -> dict[str, str]:
+    return dict(line.split("\t", 1) for line in raw.decode().split("\n") if line)
+
+
+def first_mismatch(ranks: list[dict[str, str]]) -> str | None:
+    """The first parameter (in name order) whose presence, shape or dtype differs from rank 0's,
+    with the ranks concerned; None when every rank matches rank 0."""
+    for name in sorted(set().union(*ranks)):
+        kinds = [described.get(name) for described in ranks]
+        if len(set(kinds)) == 1:
+            continue
+        if kinds[0] is None:
+            having = [r for r, kind in enumerate(kinds) if kind is not None]
+            return f"parameter {name!r} {kinds[having[0]]} exists on rank(s) {_ranks(having)} but not on rank 0"
+        missing = [r for r, kind in enumerate(kinds) if kind is None]
+        if missing:
+            return f"parameter {name!r} {kinds[0]} exists on rank 0 but not on rank(s) {_ranks(missing)}"
+        other = [r for r, kind in enumerate(kinds) if kind != kinds[0]]
+        return (f"parameter {name!r} is {kinds[0]} on rank 0 but {kinds[other[0]]} on rank(s) "
+                f"{_ranks(other)}")
+    return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def check_same_parameters(backend: Backend, slots: list[ParamSlot]) -> None:
+    """Raise :class:`ModelMismatch` on every rank unless all ranks have the same trainable
+    parameters. One all-gather of three integers (a fingerprint); only on a mismatch a second one
+    gathers every rank's list, so that the error names the parameter and the ranks."""
+    raw = _encode(describe_parameters(slots))
+    fingerprint = int.from_bytes(hashlib.sha256(raw).digest()[:8], "little", signed=True)
+    summary = backend.all_gather(torch.tensor([len(slots), len(raw), fingerprint], dtype=torch.int64))
+    if bool((summary == summary[0]).all()):
+        return
+    longest = int(summary[:, 1].max())
+    padded = torch.zeros(longest + 1, dtype=torch.int64)  # +1: a rank without parameters sends 0 bytes
+    padded[:len(raw)] = torch.tensor(list(raw), dtype=torch.int64)
+    every_rank = backend.all_gather(padded)
+    lists = [_decode(bytes(row[:int(length)].tolist())) for row, length in zip(every_rank, summary[:, 1])]
+    raise ModelMismatch(
+        f"the model differs between ranks: {first_mismatch(lists)}. Every rank must build the same model "
+        f"(the same trainable parameters, names, shapes and dtypes; their order may differ): bytesched "
+        f"all-reduces each gradient under its parameter's name, so the ranks would wait for each other "
+        f"forever. Build the model identically on every rank (no rank-dependent layers or shapes)")
 
 
 def digest(tensor: torch.Tensor) -> int:
@@ -39,7 +108,7 @@ class ConsistencyCheck:
                  wait_applied: Callable[[], object]) -> None:
         self.every = every
         self._backend = backend
-        self._slots = slots
+        self._slots = sorted(slots, key=lambda slot: slot.name)  # ranks may register them in other orders
         self._wait_applied = wait_applied
         self._steps = 0
 
@@ -66,7 +135,12 @@ class ConsistencyCheck:
 
 def make_check(every: int, backend: Backend, slots: list[ParamSlot],
                wait_applied: Callable[[], object]) -> ConsistencyCheck | None:
-    """The check for ``BYTESCHED_CHECK=every`` (None when 0 or a single rank: nothing to compare)."""
-    if every <= 0 or backend.size < 2:
+    """Check at once that every rank has the same parameters (:func:`check_same_parameters`), then
+    return the check for ``BYTESCHED_CHECK=every`` (None when 0 or a single rank: nothing to
+    compare). Collective: every rank creates its ScheduledOptimizers in the same order."""
+    if backend.size < 2:
+        return None
+    check_same_parameters(backend, slots)
+    if every <= 0:
         return None
     return ConsistencyCheck(every, backend, slots, wait_applied)

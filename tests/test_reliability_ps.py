@@ -1,0 +1,44 @@
+"""A parameter server killed mid-training (MXNet dist_sync through ScheduledKVStore, issue #9).
+
+Under ``bytesched launch`` (1 server, 2 workers; tests/scripts/reliability_ps_worker.py): worker 0
+SIGKILLs the server at step 3. ps-lite has no error for a lost server (the workers would block in
+C++ forever); the launcher sees the server die, says so and why the job cannot go on, stops every
+other process and exits 128+9, all within a bound counted from the fault.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from conftest import SCRIPTS, require, require_executable, started
+
+AFTER_FAULT_BOUND_S = 30.0  # measured 0.6 s (SIGTERM suffices); kill grace 2 s; the rest is slack for load
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_killed_server_ends_every_process_naming_the_server() -> None:
+    require("mxnet")
+    argv = [require_executable("bytesched"), "launch", "--servers", "1", "--workers", "2", "--kill-grace", "2",
+            "--", sys.executable, SCRIPTS / "reliability_ps_worker.py", "--kill-server-at", "3"]
+    with started(argv) as job:
+        assert job.stdout is not None
+        seen = []
+        for line in job.stdout:  # pytest-timeout ends this if the fault never comes
+            seen.append(line)
+            if "FAULT killed server" in line:
+                break
+        killed = time.monotonic()
+        rest, _ = job.communicate(timeout=AFTER_FAULT_BOUND_S)
+        took = time.monotonic() - killed
+    output = "".join(seen) + rest
+    assert job.returncode == 128 + 9, output[-4000:]
+    assert ("[launch] server 0 was killed by SIGKILL; stopping the job: ps-lite cannot replace a lost server"
+            in output), output[-4000:]
+    assert ("how each process ended: scheduler was killed by SIGTERM, server 0 was killed by SIGKILL, "
+            "worker 0 was killed by SIGTERM, worker 1 was killed by SIGTERM") in output, output[-4000:]
+    assert took < AFTER_FAULT_BOUND_S
+    print(f"job ended {took:.1f} s after the server was killed")
