@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -125,15 +127,7 @@ def no_leftover_processes(request: pytest.FixtureRequest,
     monkeypatch.setenv(TOKEN_VAR, token)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield token
-    leftovers = job_processes(token, ignore=before)
-    if leftovers:
-        _gone, leftovers = psutil.wait_procs(leftovers, timeout=SETTLE_SECONDS)
-        leftovers = _alive(leftovers)
-    if leftovers:
-        description = _describe(leftovers)
-        kill_all(leftovers)
-        pytest.fail(f"processes left running after the test (now killed):\n{description}",
-                    pytrace=False)
+    _fail_if_any_stay(job_processes(token, ignore=before), "processes left running after the test")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -146,15 +140,19 @@ def no_process_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[N
     """
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    leftovers = [p for p in _alive(psutil.Process().children(recursive=True)) if p.pid not in before]
+    _fail_if_any_stay([p for p in _alive(psutil.Process().children(recursive=True)) if p.pid not in before],
+                      f"{request.module.__name__} left processes running after its last test")
+
+
+def _fail_if_any_stay(leftovers: list[psutil.Process], what: str) -> None:
+    """Give ``leftovers`` a moment to exit; kill those still alive and fail with ``what``."""
     if leftovers:
         _gone, leftovers = psutil.wait_procs(leftovers, timeout=SETTLE_SECONDS)
         leftovers = _alive(leftovers)
     if leftovers:
         description = _describe(leftovers)
         kill_all(leftovers)
-        pytest.fail(f"{request.module.__name__} left processes running after its last test (now killed):\n"
-                    f"{description}", pytrace=False)
+        pytest.fail(f"{what} (now killed):\n{description}", pytrace=False)
 
 
 # --------------------------------------------------------------------------- running jobs
@@ -195,6 +193,25 @@ def started(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | Non
             _kill_job(popen)
         if popen.stdout is not None:
             popen.stdout.close()
+
+
+def output_after(job: subprocess.Popen[str], marker: str, timeout: float) -> tuple[str, float]:
+    """Read ``job``'s whole output (pytest-timeout ends the test if it never closes), then wait at
+    most ``timeout`` seconds for it to exit: the output, and how many seconds after the first line
+    containing ``marker`` the output ended (inf if no line did).
+
+    Reading to the end through the same file object matters: ``communicate()`` after a partial
+    ``for line in job.stdout`` reads the pipe directly and loses what the iteration had buffered.
+    """
+    assert job.stdout is not None
+    seen, marked = [], None
+    for line in job.stdout:
+        seen.append(line)
+        if marked is None and marker in line:
+            marked = time.monotonic()
+    ended = time.monotonic()
+    job.wait(timeout=timeout)
+    return "".join(seen), math.inf if marked is None else ended - marked
 
 
 def run_job(argv: Sequence[str | os.PathLike[str]], timeout: float,

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import SCRIPTS, require, require_executable, run_job, started
+from conftest import SCRIPTS, output_after, require, require_executable, run_job, started
 
 TRAIN = SCRIPTS / "mxnet_train.py"
 POLICIES = ("bytescheduler", "fifo", "p3", "tictac", "prophet")
@@ -184,19 +183,10 @@ def test_a_crashing_worker_stops_the_whole_job(tmp_path: Path) -> None:
             "--kill-grace", "2", "--", sys.executable, TRAIN, "--out", tmp_path,
             "--store", "scheduled", "--crash-at", "3"]
     with started(argv) as job:
-        assert job.stdout is not None
-        seen = []
-        for line in job.stdout:  # pytest-timeout ends this if the crash never comes
-            seen.append(line)
-            if "CRASHING" in line:
-                break
-        crashed = time.monotonic()
-        rest, _ = job.communicate(timeout=30)
-        stopped = time.monotonic()
-    output = "".join(seen) + rest
+        output, took = output_after(job, "CRASHING", 30)
 
     assert job.returncode == 3, output[-4000:]
     assert "[worker 1] CRASHING at step 3" in output
     assert "[launch] worker 1 exited with code 3; stopping the job" in output
     assert "TRAINED" not in output
-    assert stopped - crashed < 10, f"the job took {stopped - crashed:.1f} s to stop after the crash"
+    assert took < 10, f"the job took {took:.1f} s to stop after the crash"

@@ -9,11 +9,10 @@ other process and exits 128+9, all within a bound counted from the fault.
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 
-from conftest import SCRIPTS, require, require_executable, started
+from conftest import SCRIPTS, output_after, require, require_executable, started
 
 AFTER_FAULT_BOUND_S = 30.0  # measured 0.6 s (SIGTERM suffices); kill grace 2 s; the rest is slack for load
 
@@ -25,16 +24,7 @@ def test_killed_server_ends_every_process_naming_the_server() -> None:
     argv = [require_executable("bytesched"), "launch", "--servers", "1", "--workers", "2", "--kill-grace", "2",
             "--", sys.executable, SCRIPTS / "reliability_ps_worker.py", "--kill-server-at", "3"]
     with started(argv) as job:
-        assert job.stdout is not None
-        seen = []
-        for line in job.stdout:  # pytest-timeout ends this if the fault never comes
-            seen.append(line)
-            if "FAULT killed server" in line:
-                break
-        killed = time.monotonic()
-        rest, _ = job.communicate(timeout=AFTER_FAULT_BOUND_S)
-        took = time.monotonic() - killed
-    output = "".join(seen) + rest
+        output, took = output_after(job, "FAULT killed server", AFTER_FAULT_BOUND_S)
     assert job.returncode == 128 + 9, output[-4000:]
     assert ("[launch] server 0 was killed by SIGKILL; stopping the job: ps-lite cannot replace a lost server"
             in output), output[-4000:]

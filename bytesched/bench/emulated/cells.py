@@ -114,11 +114,10 @@ def rounds(group: Group, repeats: int) -> Iterator[tuple[int, list[list[Configur
         yield number, list(jobs.values())
 
 
-QUICK_CONFIGURATION = "bytescheduler-sim"
-
-
 def quick(group: Group) -> Group:
-    """The smallest useful version of ``group``, one job: the baseline and bytesched where one
-    process can run both, bytesched alone where each configuration needs its own job."""
-    keep = (QUICK_CONFIGURATION,) if group.framework.one_run_per_job else (BASELINE, QUICK_CONFIGURATION)
+    """The smallest useful version of ``group``: the baseline and ``bytescheduler-sim`` (whose
+    calibration runs both probes in the same job) where one process can run several
+    configurations; ``bytescheduler`` alone where each configuration needs its own process
+    (MXNet), which keeps that framework to its calibration job and one run."""
+    keep = ("bytescheduler",) if group.framework.one_run_per_job else (BASELINE, "bytescheduler-sim")
     return dataclasses.replace(group, configurations=tuple(CONFIGURATIONS[name] for name in keep))
