@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from ...emulation import Cluster, Job, emulated_cluster, format_rate
 from .calibration import Calibration
@@ -33,6 +33,7 @@ class Workload:
 
 RETRIES = 1
 """How often a failed job is run again before its runs count as not measured."""
+T = TypeVar("T")
 
 
 class JobFailed(RuntimeError):
@@ -151,9 +152,9 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
     (emulated models only) and ``prepare(group, calibration)`` returns the group to run (its
     simulator-sized configurations given their sizes); a failed calibration is reported through
     ``failed`` and ``prepare`` gets None. ``record(group, run)`` gets every measured run;
-    ``failed(group, configs, reason, final)`` every job that failed. A failed job is retried once
-    (``final`` is False for the first failure: a Gloo connection refused at start-up was seen
-    once on the loaded machine); the rest of the matrix runs either way.
+    ``failed(group, configs, reason, final)`` every job that failed. A failed job (calibration
+    included) is retried once (``final`` is False for the first failure); the rest of the matrix
+    runs either way.
     """
     by_network: dict[tuple[int, int], list[Group]] = {}
     for group in groups:
@@ -165,6 +166,19 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
         run = parse([line])[0]
         say(f"  {label}: {run['config']:<17} {run['samples_per_second']:9.1f} samples/s")
 
+    def attempt(group: Group, label: str, what: list[str], work: Callable[[], T]) -> T | None:
+        """``work()``, run again once if its job fails (a Gloo connection refused at start-up was
+        seen on the loaded machine); None if it failed twice."""
+        for number in range(1 + RETRIES):
+            try:
+                return work()
+            except JobFailed as error:
+                final = number == RETRIES
+                failed(group, what, str(error), final)
+                say(f"  {label}: FAILED {', '.join(what)} ({str(error).strip().splitlines()[0][:160]})"
+                    + ("" if final else "; retrying once"))
+        return None
+
     for (bits, hosts), members in by_network.items():
         with emulated_cluster(hosts, bits, topology=topology) as cluster:
             say(f"network: {cluster.describe()}")
@@ -173,30 +187,21 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                 workload = workloads[group.model]
                 calibration = None
                 if workload.gradient_bytes:
-                    try:
-                        calibration = run_calibration(cluster, group, workload, timeout,
-                                                      lambda line: show_run(f"{title} calibration", line))
+                    calibration = attempt(group, title, ["calibration"], lambda: run_calibration(
+                        cluster, group, workload, timeout, lambda line: show_run(f"{title} calibration", line)))
+                    if calibration is None:
+                        say(f"  {title}: predicting with the simulator's defaults")
+                    else:
                         say(f"  {title}: calibration: {calibration.fixed_seconds * 1e3:.2f} ms per operation, "
                             f"{calibration.large_bytes / 1e6:.1f} MB in {calibration.large_seconds * 1e3:.0f} ms")
-                    except JobFailed as error:
-                        failed(group, ["calibration"], str(error), True)
-                        say(f"  {title}: calibration FAILED; predicting with the simulator's defaults")
                 group = prepare(group, calibration)
                 for number, jobs in rounds(group, repeats):
                     for configs in jobs:
                         label = f"{title} round {number + 1}/{repeats}"
                         started = time.monotonic()
-                        records = []
-                        for attempt in range(1 + RETRIES):
-                            try:
-                                records = run_job(cluster, group, workload, configs, number, timeout,
-                                                  lambda line, label=label: show_run(label, line))
-                                break
-                            except JobFailed as error:
-                                final = attempt == RETRIES
-                                failed(group, [c.name for c in configs], str(error), final)
-                                say(f"  {label}: FAILED {', '.join(c.name for c in configs)}"
-                                    + ("" if final else "; retrying once"))
+                        records = attempt(group, label, [c.name for c in configs], lambda: run_job(
+                            cluster, group, workload, configs, number, timeout,
+                            lambda line, label=label: show_run(label, line))) or []
                         for run in records:
                             record(group, run)
                         done += len(configs)

@@ -8,6 +8,7 @@ and reports each run's samples/s from rank 0 (:mod:`.protocol`). One CPU thread 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -66,6 +67,14 @@ class Backend:
         else:
             torch.distributed.barrier()
 
+    def close(self) -> None:
+        """Tear torch.distributed down before the interpreter does: a process that exits with
+        Gloo's threads still running aborts ("terminate called without an active exception",
+        status 134; seen once after a calibration job)."""
+        if self.name == "torch":
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
     def operation(self, nbytes: int) -> Callable[[], None]:
         """A blocking all-reduce of ``nbytes`` (float32), what the baseline does per gradient."""
         tensor = torch.zeros(max(1, nbytes // 4))
@@ -115,11 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_worker_args(__doc__.splitlines()[0], argv)
     torch.set_num_threads(1)
     backend = Backend(args.backend)
+    run(args, backend)
+    backend.close()  # on success only: after a failure the other rank may never reach the barrier
+    return 0
+
+
+def run(args: argparse.Namespace, backend: Backend) -> None:
+    """The calibration, or the runs, that ``args`` ask for."""
     if args.calibrate is not None:
         calibration = calibrate(backend.operation, args.calibrate)
         if backend.rank == 0:
             emit({"calibration": calibration.as_record()})
-        return 0
+        return
     profile = None if args.model in REAL_MODELS else scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
     batch = profile.batch_size if profile is not None else REAL_BATCH
     for name, round_number in args.runs:
@@ -129,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         if backend.rank == 0:
             emit({"config": name, "round": round_number, "seconds": seconds, "steps": args.steps,
                   "samples_per_second": backend.size * batch * args.steps / seconds, "pid": os.getpid()})
-    return 0
 
 
 if __name__ == "__main__":
