@@ -107,7 +107,9 @@ class Core:
             self.policy = ImmediatePolicy(leader_policy)
         self.scheduler = Scheduler(self.policy)
         self._channel = channel
-        self._timeline = timeline
+        self.timeline = timeline
+        """Where finished sub-tasks are recorded (None: off); a plugin adds its training loop's
+        spans to the same file when it is a :class:`~bytesched.core.timeline.ChromeTimeline`."""
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self.post_finish: Callable[[SubTask], None] = self._events.put
         """Event: a sub-task finished (use :meth:`CommTask.notify_finish`); the queue's own ``put``,
@@ -275,9 +277,9 @@ class Core:
     def _finish(self, subs: list[SubTask], now: float) -> list[SubTask]:
         """A run of finish events: what they start; records them and tells completed tasks."""
         started, completed = self.scheduler.finish_many(subs, now)
-        if self._timeline is not None:
+        if self.timeline is not None:
             for sub in subs:
-                self._timeline.record(sub)
+                self.timeline.record(sub)
         for task in completed:
             task.on_finish()
         return started
@@ -389,8 +391,8 @@ class Core:
                 log.exception("on_error of %r raised", task)
 
     def _close_outputs(self) -> None:
-        if self._timeline is not None:
-            self._timeline.close()
+        if self.timeline is not None:
+            self.timeline.close()
 
 
 def _describe(sub: SubTask, now: float) -> str:

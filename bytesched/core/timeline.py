@@ -48,7 +48,6 @@ FLUSH_EVERY = 1024
 LOOP_TRACKS = ("step", "forward", "backward", "forward wait")
 """The plugin's span names, one track each, drawn in this order above the partitions."""
 
-_active: "ChromeTimeline | None" = None
 
 
 def timeline_path(path: str, rank: int, world_size: int) -> Path:
@@ -177,10 +176,7 @@ class ChromeTimeline:
 
     def close(self) -> None:
         """Write what is buffered and the closing bracket; idempotent."""
-        global _active
         with self._lock:
-            if _active is self:
-                _active = None
             self._close()
 
     def _close(self) -> None:
@@ -204,17 +200,9 @@ def _meta(kind: str, pid: int, tid: int, **args: object) -> str:
 def open_timeline(config: Config, *, rank: int, world_size: int) -> ChromeTimeline | None:
     """The timeline of ``rank`` if ``BYTESCHED_TIMELINE`` is set (None otherwise), opened now so
     that a bad path fails at start-up with a :class:`ConfigError` naming the variable."""
-    global _active
     if config.timeline is None:
         return None
-    _active = ChromeTimeline(timeline_path(config.timeline, rank, world_size), rank)
-    return _active
+    return ChromeTimeline(timeline_path(config.timeline, rank, world_size), rank)
 
 
-def active_timeline() -> ChromeTimeline | None:
-    """The timeline this process opened last and has not closed: the one its Core writes, where
-    a plugin adds the training loop's spans (one Core, hence one timeline, per process)."""
-    return _active
-
-
-__all__ = ["LOOP_TRACKS", "ChromeTimeline", "FLUSH_EVERY", "active_timeline", "open_timeline", "timeline_path"]
+__all__ = ["LOOP_TRACKS", "ChromeTimeline", "FLUSH_EVERY", "open_timeline", "timeline_path"]

@@ -25,7 +25,7 @@ from torch import nn
 
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import configure_logging
-from bytesched.core.timeline import active_timeline
+from bytesched.core.timeline import ChromeTimeline
 from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
@@ -85,8 +85,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._core = start_core(config, backend)
         self._pipeline = UpdatePipeline(slots, backend, self._core,
                                         SingleParameterStep(optimizer, self._plain_step), passes)
-        sink = active_timeline() if config.timeline is not None else None
-        self._timeline = None if sink is None else StepTimeline(sink)
+        sink = self._core.timeline
+        self._timeline = StepTimeline(sink) if isinstance(sink, ChromeTimeline) else None
         self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots),
                                        on_wait=None if self._timeline is None else self._timeline.forward_wait)
         self._hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
