@@ -72,7 +72,7 @@ def print_report(report: Report) -> None:
     for rank in report.ranks:
         print(f"rank {rank}")
         print(f"  {'step':>4} {'subtasks':>8} {'iter ms':>8} {'comm ms':>8} {'comp ms':>8} {'no-comm ms':>10} "
-              f"{'queued max':>10} {'alpha':>6} {'util':>5}  forward waited for (ms; <= an upper bound)")
+              f"{'queued max':>10} {'alpha':>6} {'util':>5}  forward waited for (ms; '<=': an upper bound)")
         for s in (s for s in report.steps if s.rank == rank):
             waits = ", ".join(f"{w.tensor} {'' if w.measured else '<='}{_ms(w.wait_s)}"
                               for w in s.forward_waits) or "-"
