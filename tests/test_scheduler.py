@@ -330,13 +330,12 @@ def test_finish_many_names_a_protocol_violation() -> None:
         sched.finish_many([sub, sub], 2.0)
 
 
-def test_subtasks_of_a_task_match_one_by_one_construction() -> None:
+def test_subtasks_of_a_task_are_its_pieces_in_order_with_no_times_yet() -> None:
     task = BufferTask("w", 3, 40)
     task.instance = 2
     pieces = task.partition(16)
-    fast = SubTask.of(task, pieces)
-    slow = [SubTask(task, i, nbytes, payload) for i, (payload, nbytes) in enumerate(pieces)]
-    for a, b in zip(fast, slow, strict=True):
-        assert type(a) is SubTask
-        assert (a.task, a.index, a.nbytes, a.payload, a.key) == (b.task, b.index, b.nbytes, b.payload, b.key)
-        assert all(math.isnan(t) for t in (a.t_ready, a.t_start, a.t_finish))
+    subs = SubTask.of(task, pieces)
+    assert [(s.task, s.index, s.payload, s.nbytes, s.key) for s in subs] == \
+        [(task, i, payload, nbytes, ("w", 2, i)) for i, (payload, nbytes) in enumerate(pieces)]
+    assert all(type(s) is SubTask and math.isnan(s.t_ready) and math.isnan(s.t_start) and math.isnan(s.t_finish)
+               for s in subs)

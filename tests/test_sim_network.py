@@ -154,7 +154,7 @@ def subtasks(*sizes: int) -> list[SubTask]:
     out = []
     for i, size in enumerate(sizes):
         task = BufferTask(f"t{i}", i, size)
-        out.append(SubTask(task, 0, size, None))
+        out += SubTask.of(task, [(None, size)])
     return out
 
 

@@ -105,7 +105,7 @@ def test_overlapping_instances_of_one_partition_get_their_own_lane(tmp_path: Pat
     timeline = ChromeTimeline(tmp_path / "tl.json", rank=3)
     task0, task1 = BufferTask("w", 0, 8), BufferTask("w", 0, 8)
     task1.instance = 1
-    early, late = SubTask(task0, 0, 8, None), SubTask(task1, 0, 8, None)
+    [early], [late] = SubTask.of(task0, [(None, 8)]), SubTask.of(task1, [(None, 8)])
     early.t_ready, early.t_start, early.t_finish = 1.0, 2.0, 9.0
     late.t_ready, late.t_start, late.t_finish = 3.0, 4.0, 5.0  # inside the other's span
     timeline.record(late)  # the Core records in finish order

@@ -189,7 +189,7 @@ def test_alpha_and_forward_waits_come_from_the_recorded_loop_on_a_synthetic_trac
                                    ("w2", 1, (1.142, 1.150))]:
         task = BufferTask(name, int(name[1]), 8)
         task.instance = instance
-        sub = SubTask(task, 0, 8, None)
+        [sub] = SubTask.of(task, [(None, 8)])
         sub.t_ready, (sub.t_start, sub.t_finish) = flight[0], flight
         timeline.record(sub)
     timeline.close()

@@ -24,20 +24,21 @@ class SubTask:
     """
 
     __slots__ = ("task", "index", "nbytes", "payload", "key", "t_ready", "t_start", "t_finish")
-
-    def __init__(self, task: "CommTask", index: int, nbytes: int, payload: Any) -> None:
-        self.task = task
-        self.index = index
-        self.nbytes = nbytes
-        self.payload = payload
-        self.key: tuple[str, int, int] = (task.name, task.instance, index)
-        self.t_ready = self.t_start = self.t_finish = math.nan
+    task: "CommTask"
+    index: int
+    nbytes: int
+    payload: Any
+    key: tuple[str, int, int]
+    t_ready: float
+    t_start: float
+    t_finish: float
 
     @classmethod
     def of(cls, task: "CommTask", pieces: Sequence[tuple[Any, int]]) -> list["SubTask"]:
-        """``[SubTask(task, i, nbytes, payload) for i, (payload, nbytes) in enumerate(pieces)]``,
-        filled in place: calling a class with a Python ``__init__`` costs a nested interpreter call
-        per piece (Python 3.11 does not inline it), and the Core makes one sub-task per piece."""
+        """The sub-tasks of ``task``, one per ``(payload, nbytes)`` piece, index by index, with
+        no times yet (NaN). The only constructor, and filled in place on purpose: a Python
+        ``__init__`` costs a nested interpreter call per piece (Python 3.11 does not inline it),
+        and the Core makes one sub-task per piece."""
         name, instance, nan, new = task.name, task.instance, math.nan, cls.__new__
         subtasks = []
         for index, (payload, nbytes) in enumerate(pieces):
