@@ -16,7 +16,7 @@ from torch import nn
 from bytesched.plugins.torch import ScheduledOptimizer
 from bytesched.plugins.torch.horovod import HandlePoller
 from bytesched.plugins.torch.trace import ForwardTrace
-from bytesched.plugins.torch.updates import SingleParameterStep, hyperparameters
+from bytesched.plugins.torch.updates import PartialStep, hyperparameters
 
 # Every per-parameter optimizer of torch.optim, with settings that exercise its state.
 PER_PARAMETER: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
@@ -47,13 +47,13 @@ def set_gradients(model: nn.Module, step: int) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(PER_PARAMETER))
-def test_per_parameter_updates_equal_one_full_step(name: str) -> None:
-    """Updating parameters one at a time, in a scrambled order, with hyperparameters snapshotted
+def test_partial_updates_equal_one_full_step(name: str) -> None:
+    """Updating parameters a few at a time, in a scrambled order, with hyperparameters snapshotted
     before an LR change, gives exactly the parameters and state of ordinary step() calls."""
     reference, scheduled = small_model(), small_model()
     ref_opt = PER_PARAMETER[name](reference.parameters())
     opt = PER_PARAMETER[name](scheduled.parameters())
-    update = SingleParameterStep(opt, type(opt).step)
+    update = PartialStep(opt, type(opt).step)
     for step in range(4):
         set_gradients(reference, step)
         ref_opt.step()
@@ -62,9 +62,9 @@ def test_per_parameter_updates_equal_one_full_step(name: str) -> None:
         for group in opt.param_groups:
             group["lr"] *= 0.5  # an LR scheduler stepping right after step(): must not leak in
         params = list(scheduled.parameters())
-        with torch.no_grad():
-            for index in (2, 0, 3, 1):
-                update(params[index], params[index].grad, hparams[0])
+        with torch.no_grad():  # one parameter alone, then two in one call, in no particular order
+            for batch in ((2,), (3, 0), (1,)):
+                update([params[i] for i in batch], [params[i].grad for i in batch], hparams[0])
         for group in opt.param_groups:
             group["lr"] *= 2.0
     for a, b in zip(reference.parameters(), scheduled.parameters()):
@@ -86,7 +86,7 @@ def test_stand_in_gradient_survives_model_zero_grad() -> None:
     reduced = torch.ones_like(param)
     param.grad = None
     with torch.no_grad():
-        SingleParameterStep(opt, type(opt).step)(param, reduced, hyperparameters(opt)[0])
+        PartialStep(opt, type(opt).step)([param], [reduced], hyperparameters(opt)[0])
     assert torch.equal(param.detach(), before - 1.0)
     assert param.grad is None
 

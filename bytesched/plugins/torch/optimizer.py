@@ -35,7 +35,7 @@ from .proxies import ForwardProxies
 from .runtime import channel_of, on_channel_failure, start_core
 from .timeline import StepTimeline
 from .trace import ForwardTrace
-from .updates import SingleParameterStep, hyperparameters
+from .updates import PartialStep, hyperparameters
 
 log = logging.getLogger("bytesched")
 
@@ -84,7 +84,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._plain_step = backend.step_function(optimizer)
         self._core = start_core(config, backend)
         self._pipeline = UpdatePipeline(slots, backend, self._core,
-                                        SingleParameterStep(optimizer, self._plain_step), passes)
+                                        PartialStep(optimizer, self._plain_step), passes)
         sink = self._core.timeline
         self._timeline = StepTimeline(sink) if isinstance(sink, ChromeTimeline) else None
         self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots),

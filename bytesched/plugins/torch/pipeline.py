@@ -8,9 +8,11 @@ A parameter's gradient of one iteration goes through four events:
    thread, so the Core thread never does tensor work);
 3. *released*: the user called ``step()``: the group's hyperparameters are snapshotted, and the
    parameter becomes *stale* (its ``fresh`` event is cleared) until
-4. *applied*: the update thread ran the user's optimizer on this one parameter.
+4. *applied*: the update thread ran the user's optimizer on this parameter.
 
-Reduced and released may come in either order; the second one queues the update. Forward proxies
+Reduced and released may come in either order; the second one queues the update. The update
+thread takes every job queued so far at once and applies the due updates of one parameter group
+in one optimizer call (at ``step()`` most gradients are usually reduced already). Forward proxies
 wait for ``fresh`` before a module reads the parameter. A gradient modified in place while
 bytesched owns it (e.g. clipped between backward and step) is caught by its version counter and
 fails with :class:`BarrierCrossingError`, which names the ways out.
@@ -33,7 +35,7 @@ from bytesched.core.channel import ChannelError
 
 from .backend import Backend
 from .task import GradientTask
-from .updates import SingleParameterStep
+from .updates import PartialStep
 
 log = logging.getLogger("bytesched")
 
@@ -102,7 +104,7 @@ class UpdatePipeline:
     """
 
     def __init__(self, slots: list[ParamSlot], backend: Backend, core: Core,
-                 apply_update: SingleParameterStep, backward_passes_per_step: int) -> None:
+                 apply_update: PartialStep, backward_passes_per_step: int) -> None:
         self.slots = slots
         self._backend = backend
         self._core = core
@@ -115,7 +117,8 @@ class UpdatePipeline:
         self._unreduced = 0
         self._unapplied = 0
         self._failure: BaseException | None = None
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # A job returns the tasks it made due for their update (the update thread applies them).
+        self._jobs: queue.SimpleQueue[Callable[[], list[GradientTask]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run_jobs, name="bytesched-updates", daemon=True)
         self._thread.start()
 
@@ -142,12 +145,15 @@ class UpdatePipeline:
         with these hyperparameters as soon as it is reduced. Returns without waiting for that."""
         tasks = self._complete_round()
         with self._lock:  # together with _finalize's check, exactly one of them applies a task
+            due = []
             for task in tasks:
                 task.hparams = hparams[task.slot.group]
                 task.slot.fresh.clear()
                 self._unapplied += 1
                 if task.reduced:
-                    self._jobs.put(lambda task=task: self._apply(task))
+                    due.append(task)
+            if due:
+                self._jobs.put(lambda: due)
 
     def reduce_all(self) -> list[GradientTask]:
         """All-reduce every gradient of this iteration (missing ones as zeros, like Horovod) and
@@ -327,7 +333,8 @@ class UpdatePipeline:
         """Core thread: every partition of ``task`` finished; finalise it on the update thread."""
         self._jobs.put(lambda: self._finalize(task))
 
-    def _finalize(self, task: GradientTask) -> None:
+    def _finalize(self, task: GradientTask) -> list[GradientTask]:
+        """Update thread: ``task`` is reduced; it is due if ``step()`` released it already."""
         try:
             if self._failure is None:
                 if task.grad._version != task.version:
@@ -343,40 +350,57 @@ class UpdatePipeline:
             task.reduced = True
             self._unreduced -= 1
             self._changed.notify_all()
-            apply = task.hparams is not None and self._failure is None
-        if apply:
-            self._apply(task)
+            due = task.hparams is not None and self._failure is None
+        return [task] if due else []
 
-    def _apply(self, task: GradientTask) -> None:
-        slot = task.slot
-        if self._failure is not None:
-            return
-        if not task.synchronized and task.grad._version != task.version:
-            self.fail(BarrierCrossingError(
-                f"the gradient of {slot.name!r} was modified in place after it was reduced and before "
-                f"bytesched applied it (clipping or unscaling before step(), or zero_grad(set_to_none="
-                f"False) on the model after step()? use optimizer.zero_grad(), which waits for "
-                f"pending updates); to modify gradients, " + ESCAPE_HATCH))
-            return
-        assert task.hparams is not None
-        try:
-            self._apply_update(slot.param, task.grad, task.hparams)
-        except BaseException as error:
-            self.fail(error)
-            return
-        with self._changed:
-            if slot.zero_request is not None:
-                clear_grad(slot.param, slot.zero_request == "none")
-                slot.zero_request = None
-            slot.task = None
-            self._unapplied -= 1
-            slot.fresh.set()
-            self._changed.notify_all()
+    def _apply(self, tasks: list[GradientTask]) -> None:
+        """Update thread: apply ``tasks``' updates, one optimizer call per parameter group and
+        step (tasks released by one ``step()`` share its hyperparameter dict), the group holding
+        the most urgent parameter first."""
+        batches: dict[int, list[GradientTask]] = {}
+        for task in sorted(tasks, key=lambda t: t.slot.priority):
+            if self._failure is not None:
+                return
+            if not task.synchronized and task.grad._version != task.version:
+                self.fail(BarrierCrossingError(
+                    f"the gradient of {task.slot.name!r} was modified in place after it was reduced and "
+                    f"before bytesched applied it (clipping or unscaling before step(), or zero_grad("
+                    f"set_to_none=False) on the model after step()? use optimizer.zero_grad(), which "
+                    f"waits for pending updates); to modify gradients, " + ESCAPE_HATCH))
+                return
+            batches.setdefault(id(task.hparams), []).append(task)
+        for batch in batches.values():
+            assert batch[0].hparams is not None
+            try:
+                self._apply_update([t.slot.param for t in batch], [t.grad for t in batch], batch[0].hparams)
+            except BaseException as error:
+                self.fail(error)
+                return
+            with self._changed:
+                for task in batch:
+                    slot = task.slot
+                    if slot.zero_request is not None:
+                        clear_grad(slot.param, slot.zero_request == "none")
+                        slot.zero_request = None
+                    slot.task = None
+                    self._unapplied -= 1
+                    slot.fresh.set()
+                self._changed.notify_all()
 
     def _run_jobs(self) -> None:
+        """Run jobs as they come; the updates of every job found queued are applied together."""
+        jobs = self._jobs
         with torch.no_grad():
             while True:
-                job = self._jobs.get()
+                queued = [jobs.get()]
+                while not jobs.empty():
+                    queued.append(jobs.get_nowait())
+                due: list[GradientTask] = []
+                for job in queued:
+                    if job is None:  # close(): the last job
+                        break
+                    due += job()
+                if due:
+                    self._apply(due)
                 if job is None:
                     return
-                job()
