@@ -39,7 +39,7 @@ UNLIMITED = SchedulingParams(partition_bytes=math.inf, credit_bytes=math.inf)
 FITTED = SchedulingParams(partition_bytes=512 * 1024, credit_bytes=1024 * 1024)
 
 CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
-    Configuration("vanilla", "the framework alone (Horovod, hand-written all-reduce, or KVStore)"),
+    Configuration("vanilla", "the framework alone (Horovod, DistributedDataParallel, or KVStore)"),
     Configuration("autotune", "plain Horovod with HOROVOD_AUTOTUNE=1", env=(("HOROVOD_AUTOTUNE", "1"),)),
     Configuration("bytescheduler", "bytesched, bytescheduler policy, fixed 4 MB partitions / 16 MB credit",
                   policy="bytescheduler", simulated_as="bytescheduler"),

@@ -47,19 +47,20 @@ class Backend:
         else:
             raise ValueError(f"--backend {name!r}: expected horovod or torch")
 
-    def optimizer(self, workload: Workload, config: Configuration) -> tuple[Any, Callable[[], None]]:
-        """The optimizer for ``config`` and the per-step call that communicates (for the
-        hand-written torch.distributed baseline; a no-op otherwise)."""
+    def optimizer(self, workload: Workload, config: Configuration) -> Any:
+        """The optimizer for ``config``. The torch.distributed baseline is what its users run,
+        DistributedDataParallel (bucketed all-reduces started during backward, default buckets):
+        it replaces ``workload.model``."""
         model = workload.model
         sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         if self.name == "horovod":
             sgd = self.hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         if config.scheduled:
             settings = dataclasses.replace(core.from_env(), policy=config.policy, params=config.params)
-            return ScheduledOptimizer(model, sgd, config=settings), _nothing
-        if self.name == "horovod":
-            return sgd, _nothing
-        return sgd, lambda: _allreduce_gradients(model, self.size)
+            return ScheduledOptimizer(model, sgd, config=settings)
+        if self.name == "torch":
+            workload.model = torch.nn.parallel.DistributedDataParallel(model)
+        return sgd
 
     def barrier(self) -> None:
         if self.name == "horovod":
@@ -83,22 +84,9 @@ class Backend:
         return lambda: torch.distributed.all_reduce(tensor)
 
 
-def _nothing() -> None:
-    pass
-
-
-def _allreduce_gradients(model: torch.nn.Module, size: int) -> None:
-    """The torch.distributed baseline without DDP: every gradient all-reduced, backward order."""
-    grads = [p.grad for p in reversed(list(model.parameters())) if p.grad is not None]
-    works = [torch.distributed.all_reduce(g, async_op=True) for g in grads]
-    for work, grad in zip(works, grads):
-        work.wait()
-        grad.div_(size)
-
-
 def measure(backend: Backend, workload: Workload, config: Configuration, steps: int, warmup: int) -> float:
     """Seconds for ``steps`` training steps after ``warmup`` untimed ones (communication done)."""
-    optimizer, communicate = backend.optimizer(workload, config)
+    optimizer = backend.optimizer(workload, config)
     try:
         started = 0.0
         for step in range(warmup + steps):
@@ -109,7 +97,6 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
                 started = time.perf_counter()
             optimizer.zero_grad()
             workload.loss().backward()
-            communicate()
             optimizer.step()
         if config.scheduled:
             optimizer.synchronize()
