@@ -138,6 +138,13 @@ class HorovodBackend(Backend):
         if self._op == hvd.Average:  # as Horovod splits averaging around the sum
             self._prescale = 1.0 / optimizer.gradient_predivide_factor
             self._postscale = optimizer.gradient_predivide_factor
+            if not hvd.rocm_built():
+                # Horovod's CPU and NCCL operations run Average as a Sum whose postscale factor
+                # they divide by the process set's size; asking for exactly that Sum gives the same
+                # numbers and skips the ctypes query (rocm_built) Horovod's Python makes for every
+                # Average, which releases the GIL on the Core thread once per partition.
+                self._op = hvd.Sum
+                self._postscale = optimizer.gradient_predivide_factor / self.size
         else:
             self._prescale = self._postscale = 1.0
         self._silence_horovod_hooks()

@@ -52,9 +52,11 @@ class GradientTask(CommTask):
         self._on_failed = on_failed
 
     def partition(self, size: float) -> list[tuple[torch.Tensor, int]]:
-        itemsize = self.wire.element_size()
-        return [(self.wire[a:b], (b - a) * itemsize)
-                for a, b in split_elements(self.wire.numel(), itemsize, size)]
+        wire = self.wire
+        if size >= self.nbytes:  # one piece: the buffer itself (a slice costs a tensor view)
+            return [(wire, self.nbytes)]
+        itemsize = wire.element_size()
+        return [(wire[a:b], (b - a) * itemsize) for a, b in split_elements(wire.numel(), itemsize, size)]
 
     def start(self, subtask: SubTask) -> None:
         try:
