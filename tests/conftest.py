@@ -144,6 +144,22 @@ def no_process_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[N
                       f"{request.module.__name__} left processes running after its last test")
 
 
+@pytest.fixture(scope="module")
+def one_rank_group() -> Iterator[object]:
+    """A real one-rank torch.distributed group (gloo), so ScheduledOptimizer has a backend in this
+    process. Module-scoped: a module's tests that need torch.distributed *not* initialised must
+    run before the first test using it."""
+    import socket
+
+    import torch.distributed as dist
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
 def _fail_if_any_stay(leftovers: list[psutil.Process], what: str) -> None:
     """Give ``leftovers`` a moment to exit; kill those still alive and fail with ``what``."""
     if leftovers:

@@ -3,8 +3,6 @@ with wrong values, and wrong use of the API. Each error must name the culprit.""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -57,17 +55,6 @@ def test_zero_switches_off(name: str, value: str) -> None:
 
 
 # ------------------------------------------------------------------------------ wrong API use
-
-
-@pytest.fixture(scope="module")
-def one_rank_group() -> object:
-    """A real one-rank torch.distributed group (gloo), so ScheduledOptimizer has a backend."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def scheduled(model: nn.Module, optimizer: torch.optim.Optimizer) -> object:

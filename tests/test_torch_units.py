@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import bytesched.core
 from bytesched.plugins.torch import ScheduledOptimizer
 from bytesched.plugins.torch.horovod import HandlePoller
 from bytesched.plugins.torch.trace import ForwardTrace
@@ -221,3 +222,33 @@ def test_bad_arguments_name_the_culprit() -> None:
         ScheduledOptimizer(copy.copy, torch.optim.SGD(model.parameters(), lr=0.1))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
         ScheduledOptimizer(model, object())  # type: ignore[arg-type]
+
+
+def test_gradients_reduced_before_step_are_applied_in_one_optimizer_call(one_rank_group: object) -> None:
+    """The updates due at step() (every gradient was reduced already) go through one call of the
+    user's optimizer, and give the bits of a plain step() (one rank: the average is the gradient).
+    Placed after the tests that need torch.distributed uninitialised."""
+    deep = [nn.Linear(5, 5) for _ in range(6)]
+    reference, model = nn.Sequential(*deep), copy.deepcopy(nn.Sequential(*deep))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    opt = ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    calls: list[int] = []
+    apply_update = opt._pipeline._apply_update
+    opt._pipeline._apply_update = lambda params, grads, hparams: (calls.append(len(params)),
+                                                                 apply_update(params, grads, hparams))
+    try:
+        x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+        for step in range(3):
+            for net, optimizer in ((reference, ref_opt), (model, opt)):
+                optimizer.zero_grad()
+                net(x).square().sum().backward()
+                if optimizer is opt:
+                    opt.synchronize()  # every all-reduce is done before step()
+                optimizer.step()
+        opt.synchronize()
+    finally:
+        opt.close()
+        bytesched.core.shutdown()
+    assert calls == [12, 12, 12]
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
