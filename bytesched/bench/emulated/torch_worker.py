@@ -29,13 +29,16 @@ from .torch_compute import Workload
 
 REAL_BATCH = 64
 """Batch per rank of the real (non-emulated) models."""
+DDP_BUCKET_MB = 25.0
+"""DistributedDataParallel's default bucket cap (``bucket_cap_mb``), before scaling."""
 
 
 class Backend:
     """The communication library a job uses: Horovod or torch.distributed."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, size_scale: float = 1.0) -> None:
         self.name = name
+        self.size_scale = size_scale
         if name == "horovod":
             import horovod.torch as hvd
             hvd.init()
@@ -49,8 +52,12 @@ class Backend:
 
     def optimizer(self, workload: Workload, config: Configuration) -> Any:
         """The optimizer for ``config``. The torch.distributed baseline is what its users run,
-        DistributedDataParallel (bucketed all-reduces started during backward, default buckets):
-        it replaces ``workload.model``."""
+        DistributedDataParallel (bucketed all-reduces started during backward); it replaces
+        ``workload.model``. Its default 25 MB bucket is scaled like the model's tensors, so that
+        the scaled model has as many buckets as the real one (unscaled, one bucket would hold
+        the whole scaled gradient and nothing would overlap with backward). Horovod's fusion
+        threshold is left at its default: it may fuse a larger share of the scaled gradient into
+        one operation than of the real one, fewer fixed costs for that baseline, not more."""
         model = workload.model
         sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         if self.name == "horovod":
@@ -59,7 +66,8 @@ class Backend:
             settings = dataclasses.replace(core.from_env(), policy=config.policy, params=config.params)
             return ScheduledOptimizer(model, sgd, config=settings)
         if self.name == "torch":
-            workload.model = torch.nn.parallel.DistributedDataParallel(model)
+            workload.model = torch.nn.parallel.DistributedDataParallel(
+                model, bucket_cap_mb=DDP_BUCKET_MB * self.size_scale)
         return sgd
 
     def barrier(self) -> None:
@@ -110,7 +118,7 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
 def main(argv: list[str] | None = None) -> int:
     args = parse_worker_args(__doc__.splitlines()[0], argv)
     torch.set_num_threads(1)
-    backend = Backend(args.backend)
+    backend = Backend(args.backend, args.size_scale)
     run(args, backend)
     backend.close()  # on success only: after a failure the other rank may never reach the barrier
     return 0
