@@ -10,7 +10,14 @@ On an unshaped loopback communication is almost free, so when it can (as root, w
 ``--bandwidth`` (bytesched.emulation), and deletes the namespace afterwards, also on failure or
 Ctrl-C. Otherwise it runs unshaped and says why.
 
-    .venv/bin/python scripts/demo.py [--bandwidth 3gbit] [--no-shaping]
+That model computes on the same CPU cores that communicate, where scheduling has nothing to
+overlap. So, with shaping, the demo then trains an emulated VGG16 whose layers sleep for their
+(scaled) compute time, as a GPU would leave the CPU free, on two emulated hosts joined at
+``--emulated-bandwidth``: plain Horovod against bytesched with the partition and credit the
+simulator picks for the measured network (``bytesched bench emulated``, configuration
+``bytescheduler-sim``; median of three interleaved rounds).
+
+    .venv/bin/python scripts/demo.py [--bandwidth 3gbit] [--no-shaping] [--no-emulated]
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from bytesched.bench.emulated.results import load, summarize
 from bytesched.emulation import (Namespace, ShapingUnavailable, format_rate, parse_rate, shaped_loopback,
                                  unavailable_reason)
 
@@ -46,9 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-warmup", type=int, default=4)
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=8)
+    parser.add_argument("--emulated-bandwidth", default="1gbit",
+                        help="per-host bandwidth of the emulated-compute part (where VGG16's communication "
+                             "about equals its compute)")
+    parser.add_argument("--no-emulated", action="store_true", help="skip the emulated-compute part")
     args = parser.parse_args(argv)
     try:
         args.rate = parse_rate(args.bandwidth)
+        args.emulated_rate = parse_rate(args.emulated_bandwidth)
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -124,7 +138,36 @@ def main(argv: list[str] | None = None) -> int:
     base = results[next(iter(RUNS))][0]
     for label, (rate, conf) in results.items():
         print(f"  {label:<36} {rate:8.1f} +-{conf:<6.1f} {rate / base:5.2f}x")
+    if not args.no_emulated:
+        emulated(args, shaping=ns is not None)
     return 0
+
+
+def emulated(args: argparse.Namespace, shaping: bool) -> None:
+    """Plain Horovod against bytesched on emulated (CPU-free) VGG16 compute; prints the speedup."""
+    if not shaping:
+        print("\n(emulated-compute part skipped: it needs the network shaping that was unavailable above)")
+        return
+    rate = format_rate(args.emulated_rate)
+    print(f"\n== Emulated VGG16 compute (layers sleep, the CPU stays free as with a GPU), 2 hosts at "
+          f"{rate} per direction: plain Horovod vs bytesched (simulator's sizes)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bytesched-demo-") as folder:
+        out = Path(folder) / "emulated.json"
+        command = [str(Path(sys.executable).parent / "bytesched"), "bench", "emulated", "--frameworks",
+                   "torch-horovod", "--models", "vgg16", "--bandwidths", args.emulated_bandwidth, "--ranks", "2",
+                   "--configs", "vanilla,bytescheduler-sim", "--repeats", "3", "--json", str(out)]
+        if subprocess.run(command, cwd=REPO).returncode != 0:
+            raise SystemExit("the emulated-compute benchmark failed (its output is above)")
+        [group] = load(out)["groups"]
+    cells = {cell.config: cell for cell in summarize(group)}
+    base, sched = cells["vanilla"], cells["bytescheduler-sim"]
+    if base.throughput is None or sched.throughput is None or sched.speedup is None:
+        raise SystemExit("the emulated-compute benchmark reported no runs")
+    print(f"\n== Result (emulated VGG16 compute, {rate} per host; samples/s, median of "
+          f"{sched.throughput.count} rounds; speedup over plain Horovod in the same round, median [min-max])")
+    print(f"  {'plain Horovod':<36} {base.throughput.median:8.1f}  1.00x")
+    print(f"  {'bytesched (simulator sizes)':<36} {sched.throughput.median:8.1f}  {sched.speedup.median:.2f}x "
+          f"[{sched.speedup.low:.2f}-{sched.speedup.high:.2f}]")
 
 
 if __name__ == "__main__":
