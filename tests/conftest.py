@@ -144,6 +144,18 @@ def no_process_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[N
                       f"{request.module.__name__} left processes running after its last test")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_core_outlives_its_module() -> Iterator[None]:
+    """Stop the process's bytesched Core (``bytesched.core.init``) after each module: a module whose
+    ScheduledOptimizers share it leaves it running, and a later module's optimizer with another
+    configuration would then be refused ("a bytesched Core is already running with another
+    configuration"), failing by test order alone."""
+    yield
+    core = sys.modules.get("bytesched.core")
+    if core is not None:
+        core.shutdown()
+
+
 @pytest.fixture(scope="module")
 def one_rank_group() -> Iterator[object]:
     """A real one-rank torch.distributed group (gloo), so ScheduledOptimizer has a backend in this

@@ -228,7 +228,6 @@ def test_gradients_reduced_before_step_are_applied_in_one_optimizer_call(one_ran
     """The updates due at step() (every gradient was reduced already) go through one call of the
     user's optimizer, and give the bits of a plain step() (one rank: the average is the gradient).
     Placed after the tests that need torch.distributed uninitialised."""
-    bytesched.core.shutdown()  # a Core an earlier module left running has another configuration
     deep = [nn.Linear(5, 5) for _ in range(6)]
     reference, model = nn.Sequential(*deep), copy.deepcopy(nn.Sequential(*deep))
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
