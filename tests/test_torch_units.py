@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bytesched.core
 from bytesched.plugins.torch import ScheduledOptimizer
 from bytesched.plugins.torch.horovod import HandlePoller
 from bytesched.plugins.torch.trace import ForwardTrace
@@ -238,7 +237,7 @@ def test_gradients_reduced_before_step_are_applied_in_one_optimizer_call(one_ran
                                                                  apply_update(params, grads, hparams))
     try:
         x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
-        for step in range(3):
+        for _ in range(3):
             for net, optimizer in ((reference, ref_opt), (model, opt)):
                 optimizer.zero_grad()
                 net(x).square().sum().backward()
@@ -247,8 +246,7 @@ def test_gradients_reduced_before_step_are_applied_in_one_optimizer_call(one_ran
                 optimizer.step()
         opt.synchronize()
     finally:
-        opt.close()
-        bytesched.core.shutdown()
+        opt.close()  # conftest stops the process's Core after the module
     assert calls == [12, 12, 12]
     for a, b in zip(reference.parameters(), model.parameters()):
         assert torch.equal(a, b)

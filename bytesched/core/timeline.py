@@ -49,7 +49,6 @@ LOOP_TRACKS = ("step", "forward", "backward", "forward wait")
 """The plugin's span names, one track each, drawn in this order above the partitions."""
 
 
-
 def timeline_path(path: str, rank: int, world_size: int) -> Path:
     """Where ``rank`` writes: ``path`` itself for a single rank, else ``path`` with ``.rank``
     before the extension (``tl.json`` -> ``tl.0.json``, ``tl.1.json``; ``trace`` -> ``trace.1``)."""
