@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import random
 import threading
 import time
+import weakref
 
 import psutil
 import pytest
 
 import bytesched.core as core_mod
-from bytesched.core import Config, Core, CoreShutdownError, Scheduler, SchedulingParams, SubTask
+from bytesched.core import CommTask, Config, Core, CoreShutdownError, Scheduler, SchedulingParams, SubTask
 from bytesched.core.policies import make_policy
 
 from coretools import BufferTask
@@ -91,8 +93,40 @@ def test_concurrent_producers_all_finish_within_credit() -> None:
     net.close()
     core.shutdown(5)
     assert not violations
-    assert all(t.finished_callbacks == 1 and len(t.started) == len(t.subtasks) for t in tasks)
+    # every partition started once; the Core released the completed tasks' sub-tasks
+    assert all(t.finished_callbacks == 1 and sum(s.nbytes for s in t.started) == t.nbytes
+               and len({s.index for s in t.started}) == len(t.started) and t.subtasks == [] for t in tasks)
     assert core.scheduler.idle and not core.running
+
+
+def test_a_completed_task_is_freed_without_the_cyclic_garbage_collector() -> None:
+    """Task and sub-tasks point at each other; the Core cuts that cycle once the task completed,
+    so a training step's tasks die by reference counting (no collector pauses on the Core)."""
+    core = make_core()
+    done = threading.Event()
+
+    class Instant(CommTask):
+        def partition(self, size: float) -> list[tuple[None, int]]:
+            return [(None, 1000)] * 3
+
+        def start(self, sub: SubTask) -> None:
+            self.notify_finish(sub)
+
+        def on_finish(self) -> None:
+            done.set()
+
+    gc.disable()
+    try:
+        task = Instant("w", 0, 3000)
+        alive = weakref.ref(task)
+        core.enqueue(task, ready=True)
+        assert done.wait(5)
+        assert core.take_stats().subtasks_finished == 3  # answered on the Core thread after the cut
+        del task
+        assert alive() is None
+    finally:
+        gc.enable()
+        core.shutdown(1)
 
 
 def test_idle_core_uses_no_cpu() -> None:

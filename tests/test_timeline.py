@@ -79,7 +79,7 @@ def test_a_core_run_writes_queued_and_in_flight_spans_for_every_subtask(tmp_path
     assert {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "rank 0"}} in events
     names, spans = spans_by_track(events)
     tid_of = {name: tid for tid, name in names.items()}
-    subs = [sub for task in tasks for sub in task.subtasks]
+    subs = [sub for task in tasks for sub in task.started]
     assert len(subs) == 2 * (3 + 1 + 3 + 1)
     assert sum(len(s) for s in spans.values()) == 2 * len(subs)
     sort_index = {e["tid"]: e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"}
@@ -106,8 +106,8 @@ def test_overlapping_instances_of_one_partition_get_their_own_lane(tmp_path: Pat
     task0, task1 = BufferTask("w", 0, 8), BufferTask("w", 0, 8)
     task1.instance = 1
     [early], [late] = SubTask.of(task0, [(None, 8)]), SubTask.of(task1, [(None, 8)])
-    early.t_ready, early.t_start, early.t_finish = 1.0, 2.0, 9.0
-    late.t_ready, late.t_start, late.t_finish = 3.0, 4.0, 5.0  # inside the other's span
+    task0.t_ready, early.t_start, early.t_finish = 1.0, 2.0, 9.0
+    task1.t_ready, late.t_start, late.t_finish = 3.0, 4.0, 5.0  # inside the other's span
     timeline.record(late)  # the Core records in finish order
     timeline.record(early)
     timeline.close()

@@ -96,7 +96,7 @@ def test_steps_periods_and_communication_come_from_the_recorded_subtasks(two_ran
     for rank in (0, 1):
         steps = [s for s in report.steps if s.rank == rank]
         assert [s.step for s in steps] == list(range(STEPS))
-        subs = [sub for task in tasks[rank] for sub in task.subtasks]
+        subs = [sub for task in tasks[rank] for sub in task.started]
         first_ready = [min(s.t_ready for s in subs if s.task.instance == n) for n in range(STEPS)]
         for n, summary in enumerate(steps[:-1]):
             assert summary.iteration_s == pytest.approx(first_ready[n + 1] - first_ready[n], abs=1e-4)
@@ -190,7 +190,7 @@ def test_alpha_and_forward_waits_come_from_the_recorded_loop_on_a_synthetic_trac
         task = BufferTask(name, int(name[1]), 8)
         task.instance = instance
         [sub] = SubTask.of(task, [(None, 8)])
-        sub.t_ready, (sub.t_start, sub.t_finish) = flight[0], flight
+        task.t_ready, (sub.t_start, sub.t_finish) = flight[0], flight
         timeline.record(sub)
     timeline.close()
 

@@ -282,6 +282,7 @@ class Core:
                 self.timeline.record(sub)
         for task in completed:
             task.on_finish()
+            task.subtasks = []  # cut the task <-> sub-task cycle (see CommTask.subtasks)
         return started
 
     def _wait_timeout(self, now: float, stop_deadline: float | None, next_stall_check: float) -> float:

@@ -63,7 +63,7 @@ class Scheduler:
     # -- events -------------------------------------------------------------------------------
     def enqueue(self, task: CommTask, now: float) -> None:
         """Partition ``task`` at the current partition size; its sub-tasks wait to be ready."""
-        if task.subtasks:
+        if task.t_enqueue == task.t_enqueue:  # not NaN: enqueued before
             raise SchedulingError(f"{task!r} was enqueued twice; create a new CommTask per iteration")
         instance = task.instance = self._instances[task.name]
         self._instances[task.name] = instance + 1
@@ -82,12 +82,11 @@ class Scheduler:
 
     def ready(self, task: CommTask, now: float) -> list[SubTask]:
         """``task``'s tensor is computed: queue its sub-tasks and start what may start."""
-        if not task.subtasks:
+        if isnan(task.t_enqueue):
             raise SchedulingError(f"{task!r} became ready before it was enqueued")
-        if not isnan(task.subtasks[0].t_ready):
+        if not isnan(task.t_ready):
             raise SchedulingError(f"{task!r} was notified ready twice")
-        for sub in task.subtasks:
-            sub.t_ready = now
+        task.t_ready = now
         self.waiting += len(task.subtasks)
         self.policy.push(task, now)
         if self._on_ready is not None:
@@ -174,7 +173,7 @@ class Scheduler:
         # Statistics without a Python step per sub-task beyond the list below: release() counted
         # every started sub-task into the window, which only fills up here (so its peak is its
         # state at the end), and sum() adds the delays in the same order as a loop would.
-        delays = [now - sub.t_ready for sub in started]
+        delays = [now - sub.task.t_ready for sub in started]
         stats = self.stats
         stats.subtasks_started += len(started)
         stats.bytes_started += window.inflight_bytes - inflight_before

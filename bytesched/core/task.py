@@ -23,23 +23,22 @@ class SubTask:
     number, partition index), which is what rank 0's start order is expressed in.
     """
 
-    __slots__ = ("task", "index", "nbytes", "payload", "key", "t_ready", "t_start", "t_finish")
+    __slots__ = ("task", "index", "nbytes", "payload", "t_start", "t_finish")
     task: "CommTask"
     index: int
     nbytes: int
     payload: Any
-    key: tuple[str, int, int]
-    t_ready: float
     t_start: float
     t_finish: float
 
     @classmethod
     def of(cls, task: "CommTask", pieces: Sequence[tuple[Any, int]]) -> list["SubTask"]:
-        """The sub-tasks of ``task``, one per ``(payload, nbytes)`` piece, index by index, with
-        no times yet (NaN). The only constructor, and filled in place on purpose: a Python
+        """The sub-tasks of ``task``, one per ``(payload, nbytes)`` piece, index by index, not
+        started (NaN times). The only constructor, and filled in place on purpose: a Python
         ``__init__`` costs a nested interpreter call per piece (Python 3.11 does not inline it),
-        and the Core makes one sub-task per piece."""
-        name, instance, nan, new = task.name, task.instance, math.nan, cls.__new__
+        and the Core makes one sub-task per piece. What all pieces share (the ready time, the
+        key's name and instance) is read from the task instead of being stored per piece."""
+        nan, new = math.nan, cls.__new__
         subtasks = []
         for index, (payload, nbytes) in enumerate(pieces):
             sub = new(cls)
@@ -47,10 +46,20 @@ class SubTask:
             sub.index = index
             sub.nbytes = nbytes
             sub.payload = payload
-            sub.key = (name, instance, index)
-            sub.t_ready = sub.t_start = sub.t_finish = nan
+            sub.t_start = sub.t_finish = nan
             subtasks.append(sub)
         return subtasks
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """``(task name, instance, partition index)``: the same sub-task on every rank."""
+        task = self.task
+        return (task.name, task.instance, self.index)
+
+    @property
+    def t_ready(self) -> float:
+        """When the task's tensor was computed (all its pieces become ready together)."""
+        return self.task.t_ready
 
     @property
     def priority(self) -> int:
@@ -71,6 +80,13 @@ class CommTask(ABC):
         nbytes: size of the tensor in bytes.
         instance: how many times a task of this name was enqueued before (set by the Core); it
             tells apart the same tensor's communication in successive iterations.
+        subtasks: the partitions (set by the Scheduler at enqueue). The runtime Core empties the
+            list once the task completed and its hooks ran: a task and its sub-tasks point at
+            each other, and without that cut every step's tasks would be freed only by Python's
+            cyclic garbage collector, whose passes stall the training process (the Core
+            benchmark ran about a fifth slower). The timeline keeps what they recorded.
+        t_enqueue, t_ready: when the task was enqueued and when its tensor was computed (set by
+            the Scheduler; NaN until then).
     """
 
     def __init__(self, name: str, priority: int, nbytes: int) -> None:
@@ -86,6 +102,7 @@ class CommTask(ABC):
         self.remaining = 0
         self.seq = 0
         self.t_enqueue = math.nan
+        self.t_ready = math.nan
         self.core: "Core | None" = None
 
     # -- implemented by plugins ---------------------------------------------------------------

@@ -116,9 +116,11 @@ class PriorityPolicy(Policy):
         # release() reads the heap directly; a subclass that changes how it is read keeps the
         # generic loop (which goes through its overrides).
         self._plain_heap = not _overrides(type(self), PriorityPolicy, "peek", "pop")
+        self._derives_rank = _overrides(type(self), PriorityPolicy, "rank_of")  # else no call per task
 
     def push(self, task: CommTask, now: float) -> None:
-        heappush(self._heap, [self.rank_of(task), task.seq, 0, task.subtasks])
+        rank = self.rank_of(task) if self._derives_rank else task.priority
+        heappush(self._heap, [rank, task.seq, 0, task.subtasks])
         self._waiting += len(task.subtasks)
 
     def rank_of(self, task: CommTask) -> int:
