@@ -15,8 +15,8 @@ import pytest
 from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
 from bytesched.bench.emulated.calibration import Calibration
 from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, configuration
-from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, cluster_options, fit_scheduled_overhead,
-                                                 predict_group, resolve)
+from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options,
+                                                 fit_scheduled_overhead, predict_group, resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from bytesched.bench.emulated.report import BEGIN, END, write_section
 from bytesched.bench.emulated.results import merge, summarize
@@ -127,6 +127,21 @@ def test_calibration_reproduces_both_measurements_in_the_simulator(arch: str, wo
         assert predicted == pytest.approx(measured, rel=0.02), (nbytes, predicted, measured)
     with pytest.raises(ValueError, match="inconsistent"):
         Calibration(fixed_seconds=0.3, large_seconds=0.2, large_bytes=1000)
+
+
+def test_the_simulated_compute_is_the_measured_one() -> None:
+    """The prediction stretches every layer's times to the measured compute-only step and keeps
+    the bytes; without a measurement (older results files) the profile stays as scaled."""
+    profile = scaled_profile("vgg16", Scale(0.05, 0.5))
+    measured = Calibration(fixed_seconds=0.003, large_seconds=0.25, large_bytes=24_000_000,
+                           compute_seconds=1.2 * profile.compute_time)
+    stretched = as_measured(profile, measured)
+    assert stretched.compute_time == pytest.approx(measured.compute_seconds)
+    assert [layer.tensors for layer in stretched.layers] == [layer.tensors for layer in profile.layers]
+    assert all(s.backward == pytest.approx(1.2 * p.backward) for s, p in zip(stretched.layers, profile.layers))
+    assert as_measured(profile, dataclasses.replace(measured, compute_seconds=None)) is profile
+    assert as_measured(profile, None) is profile
+    assert Calibration.from_record(measured.as_record()) == measured
 
 
 @pytest.mark.parametrize("arch, theta", [("allreduce", 0.004), ("ps", 0.0015)])
@@ -244,6 +259,10 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
         assert measured == set(group["configs"]), group
         assert ("bytescheduler" if FRAMEWORKS[group["framework"]].one_run_per_job else "bytescheduler-sim") in measured
         assert group["calibration"]["fixed_seconds"] > 0 and group["prediction"]["calibrated"], group
+        # the emulated step was timed (never faster than its sleeps) and the simulator computed that long
+        nominal = results["workloads"][group["model"]]["compute_seconds"]
+        assert group["calibration"]["compute_seconds"] >= 0.99 * nominal, group["calibration"]
+        assert group["prediction"]["compute_time"] == pytest.approx(group["calibration"]["compute_seconds"])
         assert all(run["samples_per_second"] > 0 for run in group["runs"])
         assert set(group["prediction"]["configs"]) == set(group["configs"])
         assert group["failures"] == []
@@ -252,4 +271,5 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
     assert text.startswith("# Benchmarks\n\n## Core\n\nuntouched\n")
     assert "**torch-horovod, vgg16, 1 Gbit/s, 2 ranks**" in text and "**mxnet-ps, vgg16, 1 Gbit/s, 2 ranks**" in text
     assert "bytesched bench emulated --quick" in text
+    assert "A training step of the emulated model without communication took" in text
     assert len(list(img.glob("bench_emulated_*.png"))) == len(FRAMEWORKS)

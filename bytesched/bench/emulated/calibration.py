@@ -19,6 +19,13 @@ them; the scheduled configurations are then predicted, and their sizes chosen, w
 
 The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
 or a push followed by a pull of one key (a ``dist_sync`` KVStore).
+
+The emulated compute itself is measured too: one training step of the emulated model with the
+framework's plain optimizer and no communication. It takes longer than the profile's scaled
+times (each layer's two sleeps overshoot by 0.1-0.2 ms median on this VM, with tails past 1 ms,
+and autograd adds its own work per layer): 263 ms instead of 192 for the 77-layer Transformer,
+230 instead of 192 for VGG16's 16 layers. The prediction scales the profile's times to the
+measured step, as it scales the network to the measured operations.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ FIXED_REPEATS = 30
 """4-byte operations timed (after one untimed): a median of 30 settles within a few percent."""
 LARGE_REPEATS = 3
 """Whole-gradient operations timed (after one untimed): each takes a sizeable part of a second."""
+COMPUTE_REPEATS = 5
+"""Compute-only training steps timed (after one untimed): a step is a few hundred ms."""
 PROBE_BYTES = 4
 """The small operation's size: one float32, so its time is all fixed cost."""
 
@@ -49,6 +58,9 @@ class Calibration:
     """Seconds per step of the workload under ``probe-coarse`` and ``probe-fine``."""
     scheduled_overhead: float | None = None
     """The per-message cost of bytesched's path fitted from the probes (None: not fitted)."""
+    compute_seconds: float | None = None
+    """One training step of the emulated model without communication (None: not measured, as in
+    results files written before this was)."""
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):
@@ -84,7 +96,9 @@ class Calibration:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Calibration":
         """The worker's record of the two operations (the probes are added by the harness)."""
-        return cls(float(record["fixed_seconds"]), float(record["large_seconds"]), int(record["large_bytes"]))
+        compute = record.get("compute_seconds")
+        return cls(float(record["fixed_seconds"]), float(record["large_seconds"]), int(record["large_bytes"]),
+                   compute_seconds=None if compute is None else float(compute))
 
 
 def median_seconds(operation: Callable[[], None], repeats: int) -> float:
@@ -99,9 +113,12 @@ def median_seconds(operation: Callable[[], None], repeats: int) -> float:
     return statistics.median(times)
 
 
-def calibrate(make_operation: Callable[[int], Callable[[], None]], large_bytes: int) -> Calibration:
-    """Time the framework's operation on 4 bytes and on ``large_bytes``;
-    ``make_operation(nbytes)`` returns a blocking call that communicates that many bytes."""
+def calibrate(make_operation: Callable[[int], Callable[[], None]], large_bytes: int,
+              compute_step: Callable[[], None] | None = None) -> Calibration:
+    """Time the framework's operation on 4 bytes and on ``large_bytes``, and ``compute_step``
+    (one training step without communication) if given; ``make_operation(nbytes)`` returns a
+    blocking call that communicates that many bytes."""
+    compute = None if compute_step is None else median_seconds(compute_step, COMPUTE_REPEATS)
     fixed = median_seconds(make_operation(PROBE_BYTES), FIXED_REPEATS)
     large = median_seconds(make_operation(large_bytes), LARGE_REPEATS)
-    return Calibration(fixed, large, large_bytes)
+    return Calibration(fixed, large, large_bytes, compute_seconds=compute)

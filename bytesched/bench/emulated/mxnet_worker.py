@@ -19,6 +19,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from bytesched.core import from_env
+from bytesched.sim.profile import ModelProfile
 
 from .configs import Configuration, configuration
 from .mxnet_compute import emulated_model
@@ -27,23 +28,25 @@ from .protocol import emit, parse_worker_args
 from .scaling import Scale, scaled_profile
 
 
+SGD = {"learning_rate": 1e-3, "momentum": 0.9}
+
+
 def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
     """The Gluon trainer for ``config``, the object to drain at the end, rank and world size."""
     settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params) if config.scheduled else None
-    sgd = {"learning_rate": 1e-3, "momentum": 0.9}
     if backend == "ps":
         store: Any = mx.kv.create("dist_sync")
         rank, size = store.rank, store.num_workers
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledKVStore
             store = ScheduledKVStore(store, config=settings)
-        return gluon.Trainer(net.collect_params(), "sgd", sgd, kvstore=store), store, rank, size
+        return gluon.Trainer(net.collect_params(), "sgd", SGD, kvstore=store), store, rank, size
     if backend == "horovod":
         import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults; not needed for ps)
         import horovod.mxnet as hvd
         hvd.init()
         hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-        optimizer: Any = hvd.DistributedOptimizer(mx.optimizer.create("sgd", **sgd))
+        optimizer: Any = hvd.DistributedOptimizer(mx.optimizer.create("sgd", **SGD))
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledOptimizer
             optimizer = ScheduledOptimizer(optimizer, config=settings)
@@ -84,11 +87,28 @@ def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
+def compute_step(profile: ModelProfile) -> Callable[[], None]:
+    """One training step of the emulated ``profile`` with a local SGD and no communication (the
+    compute the simulator is told about, as measured)."""
+    net = emulated_model(profile)
+    train = gluon.Trainer(net.collect_params(), "sgd", SGD, kvstore=None)
+    x = mx.nd.zeros((1,))
+
+    def step() -> None:
+        with autograd.record():
+            loss = net(x).sum()
+        loss.backward()
+        train.step(profile.batch_size)
+        mx.nd.waitall()
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_worker_args(__doc__.splitlines()[0], argv)
     if args.calibrate is not None:
         make_operation, rank = operation(args.backend)
-        calibration = calibrate(make_operation, args.calibrate)
+        calibration = calibrate(make_operation, args.calibrate,
+                                compute_step(scaled_profile(args.model, Scale(args.size_scale, args.time_scale))))
         if rank == 0:
             emit({"calibration": calibration.as_record()})
         return 0

@@ -4,6 +4,7 @@ runs, the sizes of ``bytescheduler-sim``, and the ideal speedup the targets are 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -24,6 +25,17 @@ IDEAL_PARTITION = 64 << 10
 """The "fine partitions" of the ideal: 64 KB, a few hundred sub-tasks per scaled model."""
 IDEAL_CREDITS = (1, 2, 4, 8, 16)
 """Credits of the ideal, in partitions."""
+
+
+def as_measured(profile: ModelProfile, calibration: Calibration | None) -> ModelProfile:
+    """``profile`` with every layer's times stretched so that one step's compute takes what the
+    calibration measured (unchanged when it measured none)."""
+    if calibration is None or calibration.compute_seconds is None:
+        return profile
+    factor = calibration.compute_seconds / profile.compute_time
+    layers = tuple(dataclasses.replace(layer, forward=layer.forward * factor, backward=layer.backward * factor,
+                                       update=layer.update * factor) for layer in profile.layers)
+    return dataclasses.replace(profile, layers=layers)
 
 
 def cluster_options(group: Group, topology: str, calibration: Calibration | None,

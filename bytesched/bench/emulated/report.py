@@ -72,6 +72,10 @@ def _calibration(group: dict[str, Any]) -> list[str]:
     lines = ["", f"Calibration (measured on this network before the runs, medians): a 4-byte {operation} took "
                  f"{calibration['fixed_seconds'] * 1e3:.2f} ms, one of {calibration['large_bytes'] / 1e6:.1f} MB "
                  f"{calibration['large_seconds'] * 1e3:.0f} ms; the simulator predicted vanilla with these."]
+    compute = calibration.get("compute_seconds")
+    if compute:
+        lines.append(f"A training step of the emulated model without communication took {compute * 1e3:.0f} ms; the "
+                     f"simulator's layer times were stretched to that.")
     probes = calibration.get("probe_seconds")
     if probes:
         lines.append(f"Probes: a step took {probes[0] * 1e3:.0f} ms with 4 MB partitions / 16 MB credit and "

@@ -115,6 +115,18 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
             core.shutdown()
 
 
+def compute_step(workload: Workload) -> Callable[[], None]:
+    """One training step of ``workload`` with a plain SGD and no communication (the compute the
+    simulator is told about, as measured)."""
+    sgd = torch.optim.SGD(workload.model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        sgd.zero_grad()
+        workload.loss().backward()
+        sgd.step()
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_worker_args(__doc__.splitlines()[0], argv)
     torch.set_num_threads(1)
@@ -126,13 +138,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, backend: Backend) -> None:
     """The calibration, or the runs, that ``args`` ask for."""
+    profile = None if args.model in REAL_MODELS else scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
+    batch = profile.batch_size if profile is not None else REAL_BATCH
     if args.calibrate is not None:
-        calibration = calibrate(backend.operation, args.calibrate)
+        step = None if profile is None else compute_step(Workload(args.model, profile, batch))
+        calibration = calibrate(backend.operation, args.calibrate, step)
         if backend.rank == 0:
             emit({"calibration": calibration.as_record()})
         return
-    profile = None if args.model in REAL_MODELS else scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
-    batch = profile.batch_size if profile is not None else REAL_BATCH
     for name, round_number in args.runs:
         config = configuration(name, args.sizes)
         workload = Workload(args.model, profile, batch)
