@@ -34,8 +34,15 @@ _SETUP_HINT = "`make test` (which runs scripts/setup.sh) installs the whole stac
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Silence mxnet 1.9.1's import-time DeprecationWarnings (distutils), which are not ours."""
+    """Silence mxnet 1.9.1's import-time DeprecationWarnings (distutils), which are not ours;
+    give Ctrl-C back its terminal meaning when the suite was started with SIGINT ignored."""
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:mxnet")
+    # A job put in the background by a non-interactive shell (`cmd &` in a script) starts with
+    # SIGINT ignored, and every process it starts inherits that: the Ctrl-C tests' jobs would
+    # never see their SIGINT. A handled signal is reset to the default by exec, so the children
+    # get what a terminal gives them.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def require(module_name: str, component: str | None = None) -> ModuleType:
