@@ -63,7 +63,7 @@ class Scheduler:
     # -- events -------------------------------------------------------------------------------
     def enqueue(self, task: CommTask, now: float) -> None:
         """Partition ``task`` at the current partition size; its sub-tasks wait to be ready."""
-        if task.t_enqueue == task.t_enqueue:  # not NaN: enqueued before
+        if not isnan(task.t_enqueue):
             raise SchedulingError(f"{task!r} was enqueued twice; create a new CommTask per iteration")
         instance = task.instance = self._instances[task.name]
         self._instances[task.name] = instance + 1

@@ -87,6 +87,14 @@ def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
+def train_step(net: gluon.Block, train: gluon.Trainer, x: mx.nd.NDArray, batch_size: int) -> None:
+    """One training step of an emulated model (``x`` is a placeholder input; the layers sleep)."""
+    with autograd.record():
+        loss = net(x).sum()
+    loss.backward()
+    train.step(batch_size)
+
+
 def compute_step(profile: ModelProfile) -> Callable[[], None]:
     """One training step of the emulated ``profile`` with a local SGD and no communication (the
     compute the simulator is told about, as measured)."""
@@ -95,10 +103,7 @@ def compute_step(profile: ModelProfile) -> Callable[[], None]:
     x = mx.nd.zeros((1,))
 
     def step() -> None:
-        with autograd.record():
-            loss = net(x).sum()
-        loss.backward()
-        train.step(profile.batch_size)
+        train_step(net, train, x, profile.batch_size)
         mx.nd.waitall()
     return step
 
@@ -125,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if step == args.warmup:
             mx.nd.waitall()
             started = time.perf_counter()
-        with autograd.record():
-            loss = net(x).sum()
-        loss.backward()
-        train.step(profile.batch_size)
+        train_step(net, train, x, profile.batch_size)
     mx.nd.waitall()
     if hasattr(store, "wait_idle"):
         store.wait_idle(120)

@@ -59,7 +59,7 @@ class Backend:
         threshold is left at its default: it may fuse a larger share of the scaled gradient into
         one operation than of the real one, fewer fixed costs for that baseline, not more."""
         model = workload.model
-        sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        sgd = plain_sgd(model)
         if self.name == "horovod":
             sgd = self.hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         if config.scheduled:
@@ -115,10 +115,15 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
             core.shutdown()
 
 
+def plain_sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer every configuration wraps (the same hyperparameters everywhere)."""
+    return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+
 def compute_step(workload: Workload) -> Callable[[], None]:
     """One training step of ``workload`` with a plain SGD and no communication (the compute the
     simulator is told about, as measured)."""
-    sgd = torch.optim.SGD(workload.model.parameters(), lr=1e-3, momentum=0.9)
+    sgd = plain_sgd(workload.model)
 
     def step() -> None:
         sgd.zero_grad()
