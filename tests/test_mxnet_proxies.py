@@ -146,8 +146,13 @@ def test_layout_places_stripes_on_their_servers_under_every_partition_size() -> 
     for s, b in layouts:
         for layout in (s, b):
             assert all(b_ - a_ < 100 for a_, b_ in layout.ranges), "a partition reached MXNet's bound"
-            assert [r for r in layout.ranges] == sorted(layout.ranges)
-            assert layout.ranges[0][0] == 0 and layout.ranges[-1][1] == layout.numel
+            ordered = sorted(layout.ranges)  # the ranges tile the tensor
+            assert ordered[0][0] == 0 and ordered[-1][1] == layout.numel
+            assert all(a[1] == b_[0] for a, b_ in zip(ordered, ordered[1:]))
+        # the big tensor's stripes split into equally many partitions, listed round-robin, so
+        # that consecutive partitions (which the Core starts one after another) use all servers
+        servers = [mxnet_server_of(key, 3) for key in b.server_keys]
+        assert servers == [0, 1, 2] * (len(servers) // 3), servers
         where = {}
         for key, (a, b_) in zip(b.server_keys, b.ranges):
             for element in range(a, b_):

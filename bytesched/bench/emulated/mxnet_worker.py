@@ -31,6 +31,14 @@ from .scaling import Scale, scaled_profile
 SGD = {"learning_rate": 1e-3, "momentum": 0.9}
 
 
+def forward_order(net: gluon.Block) -> list[gluon.Parameter]:
+    """``net``'s parameters in the order its layers were added, the forward order, for the Trainer
+    (baseline and bytesched alike): the Trainer's index is the priority MXNet hands to the store
+    and to Horovod, and from a dict it numbers by name, ``layer10`` before ``layer2``
+    (docs/plugins/mxnet.md, "Give Gluon's Trainer a list")."""
+    return list(net.collect_params().values())
+
+
 def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
     """The Gluon trainer for ``config``, the object to drain at the end, rank and world size."""
     settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params) if config.scheduled else None
@@ -40,7 +48,7 @@ def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluo
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledKVStore
             store = ScheduledKVStore(store, config=settings)
-        return gluon.Trainer(net.collect_params(), "sgd", SGD, kvstore=store), store, rank, size
+        return gluon.Trainer(forward_order(net), "sgd", SGD, kvstore=store), store, rank, size
     if backend == "horovod":
         import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults; not needed for ps)
         import horovod.mxnet as hvd
@@ -50,7 +58,7 @@ def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluo
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledOptimizer
             optimizer = ScheduledOptimizer(optimizer, config=settings)
-        return gluon.Trainer(net.collect_params(), optimizer, kvstore=None), None, hvd.rank(), hvd.size()
+        return gluon.Trainer(forward_order(net), optimizer, kvstore=None), None, hvd.rank(), hvd.size()
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
@@ -99,7 +107,7 @@ def compute_step(profile: ModelProfile) -> Callable[[], None]:
     """One training step of the emulated ``profile`` with a local SGD and no communication (the
     compute the simulator is told about, as measured)."""
     net = emulated_model(profile)
-    train = gluon.Trainer(net.collect_params(), "sgd", SGD, kvstore=None)
+    train = gluon.Trainer(forward_order(net), "sgd", SGD, kvstore=None)
     x = mx.nd.zeros((1,))
 
     def step() -> None:

@@ -3,7 +3,7 @@
     import horovod.mxnet as hvd
     opt = hvd.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=0.1))
     opt = ScheduledOptimizer(opt)
-    trainer = gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    trainer = gluon.Trainer(list(net.collect_params().values()), opt, kvstore=None)
 
 Launched with ``horovodrun``. Horovod's DistributedOptimizer all-reduces each gradient inside
 ``update`` and then updates; this wrapper replaces the all-reduce with a :class:`ProxiedTask`

@@ -1,7 +1,7 @@
 """ScheduledKVStore: MXNet KVStore push/pull scheduled by the bytesched Core (paper §5).
 
     kv = ScheduledKVStore(mx.kv.create("dist_sync"))   # then used unchanged
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
+    trainer = gluon.Trainer(list(net.collect_params().values()), "sgd", {...}, kvstore=kv)
 
 Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
 sub-tasks are the key's partitions, each stored under its own server key (see :mod:`.layout`).

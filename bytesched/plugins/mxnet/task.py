@@ -69,7 +69,7 @@ class ProxiedTask(CommTask):
     """
 
     def __init__(self, name: str, priority: int, ranges: Ranges, itemsize: int, events: ProxyEvents) -> None:
-        super().__init__(name, priority, (ranges[-1][1] - ranges[0][0]) * itemsize)
+        super().__init__(name, priority, sum(b - a for a, b in ranges) * itemsize)
         self.ranges = tuple(ranges)
         self.itemsize = itemsize
         self.events = events
