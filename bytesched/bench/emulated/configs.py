@@ -36,16 +36,17 @@ class Configuration:
 
 
 UNLIMITED = SchedulingParams(partition_bytes=math.inf, credit_bytes=math.inf)
-FITTED = SchedulingParams(partition_bytes=512 * 1024, credit_bytes=1024 * 1024)
+FITTED = SchedulingParams(partition_bytes=512 * 1024, credit_bytes=4096 * 1024)
 
 CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("vanilla", "the framework alone (Horovod, DistributedDataParallel, or KVStore)"),
     Configuration("autotune", "plain Horovod with HOROVOD_AUTOTUNE=1", env=(("HOROVOD_AUTOTUNE", "1"),)),
     Configuration("bytescheduler", "bytesched, bytescheduler policy, fixed 4 MB partitions / 16 MB credit",
                   policy="bytescheduler", simulated_as="bytescheduler"),
-    Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 1 MB credit: "
-                  "sizes fit to the scaled models (the defaults suit 10-100 Gbit/s; at 1 Gbit/s a 16 MB "
-                  "credit holds 128 ms of transfers, which the next forward pass would wait behind)",
+    Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 4 MB credit: the "
+                  "best of eight sizes in a sweep of the MXNet PS VGG16 cell at 1 Gbit/s, one run each "
+                  "(docs/benchmarks.md); the defaults suit 10-100 Gbit/s, and at 1 Gbit/s a 16 MB credit "
+                  "holds about 130 ms of transfers, which the next forward pass waits behind",
                   policy="bytescheduler", params=FITTED, simulated_as="bytescheduler"),
     Configuration("bytescheduler-sim", "bytesched, bytescheduler policy, the partition and credit sizes the "
                   "simulator predicts best for the group's calibrated cluster (what `bytesched simulate --tune` "
