@@ -6,8 +6,8 @@
 Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
 sub-tasks are the key's partitions, each stored under its own server key (see :mod:`.layout`).
 The call returns at once, as MXNet's does, having posted into MXNet's engine the wrapped store's
-own push and pull of every partition, on avatars, between Dependency Proxies
-(:mod:`.task`). Partitions of one tensor move independently, so the pull of one overlaps the
+own push, pull or pushpull of every partition, on avatars, between Dependency Proxies
+(:mod:`.task`). Partitions of one tensor move independently, so the answer to one overlaps the
 push of the next and both directions of every link are busy.
 
 Push and pull. A ``pushpull`` partition is one request to its server, the wrapped store's own
