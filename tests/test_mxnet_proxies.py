@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -242,6 +242,28 @@ def test_local_store_with_adam_and_a_credit_below_the_partitions_does_not_deadlo
         loss.backward()
         trainer.step(1)
         kv.wait_idle(timeout=15)  # a TimeoutError instead of a hung test
+    kv.close()
+
+
+def test_a_pushpull_is_one_request_to_the_wrapped_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pushpull of a partitioned key reaches the wrapped store as its own pushpull of every
+    partition, not as a push and then a pull: a dist_sync server answers the fused request in
+    one round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms for 24 MB)."""
+    monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "8")
+    plain = mx.kv.create("local")
+    calls: list[str] = []
+    for name in ("push", "pull", "pushpull"):
+        def recorded(*args: Any, _name: str = name, _method: Any = getattr(plain, name), **kwargs: Any) -> None:
+            calls.append(_name)
+            _method(*args, **kwargs)
+        monkeypatch.setattr(plain, name, recorded)
+    kv = ScheduledKVStore(plain)
+    kv.init("w", mx.nd.zeros((6,)))
+    grad, out = mx.nd.arange(6), mx.nd.zeros((6,))
+    kv.pushpull("w", grad, out=out)
+    kv.wait_idle(timeout=15)
+    assert out.asnumpy().tolist() == list(range(6))  # 3 partitions of 2 elements, summed alone
+    assert calls == ["pushpull"]  # one call, every partition's key in it
     kv.close()
 
 
