@@ -248,7 +248,7 @@ def test_local_store_with_adam_and_a_credit_below_the_partitions_does_not_deadlo
 def test_a_pushpull_is_one_request_to_the_wrapped_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pushpull of a partitioned key reaches the wrapped store as its own pushpull of every
     partition, not as a push and then a pull: a dist_sync server answers the fused request in
-    one round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms for 24 MB)."""
+    one round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms for 24 keys of 1 MB)."""
     monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "8")
     plain = mx.kv.create("local")
     calls: list[str] = []

@@ -18,7 +18,8 @@ finds the per-message cost with which the simulator reproduces the measured diff
 them; the scheduled configurations are then predicted, and their sizes chosen, with that cost.
 
 The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
-or a push followed by a pull of one key (a ``dist_sync`` KVStore).
+or a fused pushpull of one key (a ``dist_sync`` KVStore, as Gluon's Trainer does; results files
+before session 6 timed a push followed by a pull).
 
 The emulated compute itself is measured too: one training step of the emulated model with the
 framework's plain optimizer and no communication. It takes longer than the profile's scaled

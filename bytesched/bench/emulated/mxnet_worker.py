@@ -63,22 +63,22 @@ def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluo
 
 
 def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
-    """What the baseline does per gradient, as a blocking call for ``nbytes`` (a push and a pull
-    of one key on a ``dist_sync`` store, or a Horovod all-reduce), and this process's rank."""
+    """What the baseline does per gradient, as a blocking call for ``nbytes`` (the Trainer's
+    fused pushpull of one key on a ``dist_sync`` store, or a Horovod all-reduce), and this
+    process's rank."""
     if backend == "ps":
         store = mx.kv.create("dist_sync")
 
-        def push_pull(nbytes: int) -> Callable[[], None]:
+        def pushpull(nbytes: int) -> Callable[[], None]:
             key = f"bench.calibrate.{nbytes}"
             array = mx.nd.zeros((max(1, nbytes // 4),))
             store.init(key, array)
 
             def run() -> None:
-                store.push(key, array)
-                store.pull(key, out=array)
+                store.pushpull(key, array, out=array)
                 array.wait_to_read()
             return run
-        return push_pull, store.rank
+        return pushpull, store.rank
     if backend == "horovod":
         import torch  # noqa: F401  (before horovod.mxnet, as in trainer())
         import horovod.mxnet as hvd
