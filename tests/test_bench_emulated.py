@@ -228,6 +228,31 @@ def test_emulated_mxnet_model_sleeps_and_fills_every_gradient() -> None:
     assert all(float(p.grad().abs().sum().asscalar()) == 0.0 for p in params)
 
 
+def test_emulated_mxnet_layers_write_outputs_without_python_slicing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CustomOp.assign`` slices in Python and held the GIL ~1.5 ms per layer, slowing any
+    Python thread of the job (bytesched's among them); the layers must not use it. With
+    ``grad_req="add"`` they add zero: the accumulated gradient stays."""
+    require("torch")
+    mx = require("mxnet", "MXNet")
+    from bytesched.bench.emulated.mxnet_compute import emulated_model
+    assigned: list[object] = []
+    monkeypatch.setattr(mx.operator.CustomOp, "assign", lambda self, *args: assigned.append(args))
+    net = emulated_model(scaled_profile("vgg16", Scale(size=0.0005, time=0.01)))
+    params = list(net.collect_params().values())
+    for p in params:
+        p.grad_req = "add"
+        p.grad()[:] = 7.0
+    x = mx.nd.ones((1,))
+    x.attach_grad()
+    with mx.autograd.record():
+        y = net(x)
+    y.backward(mx.nd.full((1,), 3.0))
+    mx.nd.waitall()
+    assert assigned == []
+    assert float(y.asscalar()) == 1.0 and float(x.grad.asscalar()) == 3.0
+    assert all(float(p.grad().min().asscalar()) == float(p.grad().max().asscalar()) == 7.0 for p in params)
+
+
 # --------------------------------------------------------------------------- end to end
 
 

@@ -4,6 +4,13 @@ A custom operator sleeps for the layer's forward time and, in backward, for its 
 then writes a (zero) gradient into every parameter of the layer. MXNet runs custom operators on
 their own worker thread, so the engine sees each layer's gradients become ready in backward
 order at the profile's times, and they travel through the real KVStore or Horovod transfers.
+
+The operator writes its outputs with one engine operation each (``identity``, ``zeros_like``),
+not with ``CustomOp.assign``: that goes through NDArray slicing in Python and held the GIL for
+about 1.5 ms per backward layer, which a real layer (C++ kernels) never does. Any Python thread
+of the job then competed with the "compute": bytesched's Core and event threads stretched the
+emulated VGG16's backward from 175 to 223 ms per step while the plain store, with no Python
+thread, kept it (docs/benchmarks.md, "The emulated layers held the GIL").
 """
 
 from __future__ import annotations
@@ -20,6 +27,20 @@ from .scaling import layer_sizes
 OP_TYPE = "bytesched_bench_sleep"
 
 
+def _copy(dst: mx.nd.NDArray, req: str, src: mx.nd.NDArray) -> None:
+    """``dst`` (op)= ``src`` as ``req`` says, in one engine operation."""
+    if req in ("write", "inplace"):
+        mx.nd.identity(src, out=dst)
+    elif req == "add":
+        mx.nd.elemwise_add(dst, src, out=dst)
+
+
+def _zero(dst: mx.nd.NDArray, req: str) -> None:
+    """``dst`` (op)= 0 as ``req`` says: adding zero leaves it as it is."""
+    if req in ("write", "inplace"):
+        mx.nd.zeros_like(dst, out=dst)
+
+
 class _SleepingLayer(mx.operator.CustomOp):
     def __init__(self, forward_s: float, backward_s: float) -> None:
         super().__init__()
@@ -28,13 +49,13 @@ class _SleepingLayer(mx.operator.CustomOp):
 
     def forward(self, is_train: bool, req: list, in_data: list, out_data: list, aux: list) -> None:
         time.sleep(self.forward_s)
-        self.assign(out_data[0], req[0], in_data[0])
+        _copy(out_data[0], req[0], in_data[0])
 
     def backward(self, req: list, out_grad: list, in_data: list, out_data: list, in_grad: list, aux: list) -> None:
         time.sleep(self.backward_s)
-        self.assign(in_grad[0], req[0], out_grad[0])
+        _copy(in_grad[0], req[0], out_grad[0])
         for grad, how in zip(in_grad[1:], req[1:]):
-            self.assign(grad, how, 0)
+            _zero(grad, how)
 
 
 @mx.operator.register(OP_TYPE)
