@@ -229,9 +229,9 @@ def test_emulated_mxnet_model_sleeps_and_fills_every_gradient() -> None:
 
 
 def test_emulated_mxnet_layers_write_outputs_without_python_slicing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``CustomOp.assign`` slices in Python and held the GIL ~1.5 ms per layer, slowing any
-    Python thread of the job (bytesched's among them); the layers must not use it. With
-    ``grad_req="add"`` they add zero: the accumulated gradient stays."""
+    """``CustomOp.assign`` slices in Python (~1.5 ms of host CPU per backward layer, which a
+    real layer does not spend and which stretched backward under load); the layers must not
+    use it. With ``grad_req="add"`` they add zero: the accumulated gradient stays."""
     require("torch")
     mx = require("mxnet", "MXNet")
     from bytesched.bench.emulated.mxnet_compute import emulated_model

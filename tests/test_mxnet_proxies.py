@@ -22,7 +22,7 @@ proxies = require("bytesched.plugins.mxnet.proxies", "the MXNet Dependency Proxy
 from bytesched import core as bcore  # noqa: E402
 from bytesched.core import SchedulingParams  # noqa: E402
 from bytesched.plugins.mxnet import ScheduledKVStore  # noqa: E402
-from bytesched.plugins.mxnet.layout import ServerKeyTable, mxnet_server_of  # noqa: E402
+from bytesched.core.ps_layout import ServerKeyTable, mxnet_server_of  # noqa: E402
 from bytesched.plugins.mxnet.task import Avatars  # noqa: E402
 
 HELD = 0.3  # seconds to wait before concluding that something did not happen

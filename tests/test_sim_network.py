@@ -229,7 +229,7 @@ def test_pull_starts_only_after_every_class_pushed() -> None:
                          overhead=0.0, latency=0.0)
     log: list[tuple[str, float]] = []
     (sub,) = subtasks(100)
-    ps.start(0, sub, key=0, update=0.25, done=arrivals(loop, log, "fast"))
+    ps.start(0, sub, server=0, update=0.25, done=arrivals(loop, log, "fast"))
     loop.call_at(3.0, ps.start, 1, sub, 0, 0.25, arrivals(loop, log, "straggler"))
     loop.run()
     # the straggler's push ends at 4 s, the update takes 0.25 s, then both pulls take 1 s

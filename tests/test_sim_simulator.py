@@ -118,7 +118,10 @@ def test_heterogeneous_ps_where_a_flow_is_rebound_at_the_same_mark_completes() -
     result = run(profile, cluster("ps", workers=8, bandwidth=25e9 / 8, overhead=0.0, latency=0.0, worker_specs=specs),
                  "fifo", warmup=0, iterations=1, trace=True)
     assert result.trace is not None
-    assert len(result.trace.subtasks) == profile.num_tensors
+    # every tensor's bytes once; the plugin's layout cuts those above MXNet's big-array bound
+    tensors = [t for layer in profile.layers for t in layer.tensors]
+    assert sum(s.nbytes for s in result.trace.subtasks) == sum(t.nbytes // 4 * 4 for t in tensors)
+    assert len(result.trace.subtasks) > profile.num_tensors
     assert all(s.t_ready <= s.t_start <= s.t_finish for s in result.trace.subtasks)
     slowest = (1 + 7 / 80) * sum(layer.forward + layer.backward for layer in profile.layers)
     assert result.iteration_time >= slowest
@@ -164,3 +167,32 @@ def test_bad_arguments_name_the_culprit() -> None:
         run(small_model(), cluster("ps"), "bytescheduler", PARAMS, iterations=0)
     with pytest.raises(ValueError, match="policy 'nope' is unknown"):
         run(small_model(), cluster("ps"), "nope", PARAMS)
+
+
+def test_a_scheduled_ps_job_is_laid_out_as_the_mxnet_plugin_lays_it_out() -> None:
+    """bytesched's partitions go where ScheduledKVStore puts them (a big tensor striped over the
+    servers, its partitions alternating; small tensors whole on the least-loaded server), not
+    where MXNet's key rule would put equal pieces; the plain store keeps MXNet's rule."""
+    from bytesched.core.ps_layout import ServerKeyTable, mxnet_server_of
+    from bytesched.sim.ps import plugin_layout
+    from bytesched.sim.simulator import tensor_plans
+    profile = ModelProfile("mixed", (Layer("a", 0.001, 0.002, (Tensor("medium", 2_000_000), Tensor("small", 400_000))),
+                                     Layer("b", 0.001, 0.002, (Tensor("tiny", 400_000), Tensor("big", 18_000_000)))),
+                           batch_size=1)
+    plans = plugin_layout(tensor_plans(profile, 4 * MB), 2, 1_000_000, 4 * MB)
+    table = ServerKeyTable(2, 1_000_000)
+    for index, plan in enumerate(plans):
+        layout = table.add(index, (plan.nbytes // 4,), "float32", 4 * MB)
+        assert plan.pieces == tuple((r, mxnet_server_of(k, 2)) for r, k in zip(layout.ranges, layout.server_keys))
+    medium, small, tiny, big = (plan.pieces for plan in plans)
+    assert [medium[0][1], small[0][1], tiny[0][1]] == [0, 1, 1]  # least loaded; MXNet's rule: 0, 1, 0
+    assert [server for _, server in big] == [0, 1] * (len(big) // 2)
+    assert all(b - a < 1_000_000 for (a, b), _ in big)
+
+    result = run(profile, cluster("ps", workers=2, servers=2), "bytescheduler",
+                 SchedulingParams(partition_bytes=4 * MB, credit_bytes=16 * MB), warmup=0, iterations=1, trace=True)
+    assert result.trace is not None
+    sent = sorted((s.task.name, s.index, s.nbytes) for s in result.trace.subtasks)
+    assert sent == sorted((plan.name, i, (b - a) * 4) for plan in plans for i, ((a, b), _) in enumerate(plan.pieces))
+    vanilla = run(profile, cluster("ps", workers=2, servers=2), VANILLA, warmup=0, iterations=1, trace=True)
+    assert vanilla.trace is not None and len(vanilla.trace.subtasks) == 4

@@ -4,16 +4,22 @@ A sub-task's communication is a push of its bytes to the server(s) holding its k
 of the updated values. A server answers pulls of a key only once every worker's push of that key
 has arrived and the update was applied (synchronous training), so a straggler's late push
 delays everybody's pull of that key, and only of that key.
+
+Placement: the plain store's whole tensors go where MXNet puts a key (:class:`Assignment`);
+bytesched's partitions go where the MXNet plugin puts them (:func:`plugin_layout`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Callable, Sequence
 
 from ..core.task import SubTask
+from ..core.ps_layout import ServerKeyTable, mxnet_server_of
 from .network import PULL, PUSH, SPREAD, Fabric
 from .engine import EventLoop
 from .profile import ELEMENT_BYTES
+from .worker import TensorPlan
 
 Done = Callable[[], None]
 
@@ -49,6 +55,29 @@ class Assignment:
         return key * _MXNET_KEY_HASH % self.num_servers
 
 
+def plugin_layout(plans: Sequence[TensorPlan], num_servers: int, bigarray_bound: int,
+                  partition_bytes: float) -> list[TensorPlan]:
+    """``plans`` (in forward order, the order Gluon's Trainer initialises its keys) with the
+    partitions and servers the MXNet plugin gives them, from the plugin's own table
+    (:class:`~bytesched.core.ps_layout.ServerKeyTable`).
+
+    A scheduled PS job does not place its partitions as MXNet places whole keys: a tensor below
+    the big-array bound goes whole to the least-loaded server, a bigger one is cut into one
+    stripe per server and its partitions alternate between them. Placed by MXNet's key rule
+    instead (consecutive keys alternating servers, big partitions spread over all), the
+    simulator queued the emulated VGG16's convolutions behind the fully-connected layers on one
+    connection and predicted 442 ms per step for 4 MB partitions / 16 MB credit, where 343 ms
+    were measured (369 ms with this layout; docs/benchmarks.md).
+    """
+    table = ServerKeyTable(num_servers, bigarray_bound)
+    laid_out = []
+    for index, plan in enumerate(plans):
+        layout = table.add(index, (plan.nbytes // ELEMENT_BYTES,), "float32", partition_bytes)
+        pieces = tuple((piece, mxnet_server_of(key, num_servers)) for piece, key in zip(layout.ranges, layout.server_keys))
+        laid_out.append(dataclasses.replace(plan, pieces=pieces))
+    return laid_out
+
+
 class _Aggregation:
     """Pushes of one key received so far, and who waits to pull it."""
 
@@ -71,13 +100,11 @@ class ParameterServer:
         self.fixed = overhead + latency
         self._aggregations: dict[tuple[str, int, int], _Aggregation] = {}
 
-    def start(self, klass: int, sub: SubTask, key: int, update: float, done: Done) -> None:
-        """Push ``sub`` from every worker of ``klass``, then pull it; ``done`` after the pull.
-
-        ``key`` numbers the sub-task's key in declaration order (for placement); ``update`` is
-        the server's time to apply the aggregated gradient before answering pulls.
+    def start(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:
+        """Push ``sub`` from every worker of ``klass`` to ``server`` (an index or SPREAD), then
+        pull it; ``done`` after the pull. ``update`` is the server's time to apply the
+        aggregated gradient before answering pulls.
         """
-        server = self.assignment.place(key, sub.nbytes)
         self.fabric.send(klass, PUSH, server, sub.nbytes, self.fixed, self._pushed, klass, sub, server, update, done)
 
     def _pushed(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:

@@ -30,7 +30,7 @@ from .cluster import Cluster, WorkerSpec
 from .engine import EventLoop
 from .network import Fabric, FullDuplexFabric, SharedMediumFabric
 from .profile import ELEMENT_BYTES, ModelProfile
-from .ps import Assignment, ParameterServer
+from .ps import Assignment, ParameterServer, plugin_layout
 from .worker import SimCommTask, TensorPlan, WorkerClass
 
 VANILLA = "vanilla"
@@ -88,7 +88,11 @@ class _PSBackend:
     def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
         plan = task.plan
         update = plan.update * sub.nbytes / plan.nbytes if plan.nbytes else 0.0
-        self.ps.start(klass, sub, plan.key_base + sub.index, update, done)
+        if plan.pieces is not None:
+            server = plan.pieces[sub.index][1]
+        else:
+            server = self.ps.assignment.place(plan.key_base + sub.index, sub.nbytes)
+        self.ps.start(klass, sub, server, update, done)
 
 
 # -- building blocks --------------------------------------------------------------------------
@@ -175,6 +179,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         backend: _AllreduceBackend | _PSBackend = _AllreduceBackend(ring)
     else:
         assignment = Assignment(cluster.assignment, cluster.num_servers, cluster.bigarray_bound)
+        if not vanilla and cluster.assignment == "mxnet":
+            plans = plugin_layout(plans, cluster.num_servers, cluster.bigarray_bound, partition_bytes)
         backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
                                              overhead=cluster.overhead, latency=cluster.latency))
 

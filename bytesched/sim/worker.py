@@ -41,6 +41,10 @@ class TensorPlan:
     """Number of the tensor's first partition among all keys (PS placement)."""
     update: float
     """Server/device update time of this tensor (its share of the layer's update)."""
+    pieces: tuple[tuple[tuple[int, int], int], ...] | None = None
+    """Its partitions as the MXNet plugin lays them out on a parameter server: element ranges
+    in the plugin's order, each with its server (:func:`~bytesched.sim.ps.plugin_layout`).
+    None: equal pieces of the policy's partition size, placed by the cluster's assignment."""
 
 
 class SimCommTask(CommTask):
@@ -57,7 +61,10 @@ class SimCommTask(CommTask):
         self.iteration = worker.iteration
 
     def partition(self, size: float) -> list[tuple[tuple[int, int], int]]:
-        ranges = split_elements(self.nbytes // ELEMENT_BYTES, ELEMENT_BYTES, size)
+        if self.plan.pieces is not None:  # laid out at ``size`` already, as the plugin does at init
+            ranges = [piece for piece, _server in self.plan.pieces]
+        else:
+            ranges = split_elements(self.nbytes // ELEMENT_BYTES, ELEMENT_BYTES, size)
         return [((a, b), (b - a) * ELEMENT_BYTES) for a, b in ranges]
 
     def start(self, subtask: SubTask) -> None:

@@ -6,11 +6,11 @@ their own worker thread, so the engine sees each layer's gradients become ready 
 order at the profile's times, and they travel through the real KVStore or Horovod transfers.
 
 The operator writes its outputs with one engine operation each (``identity``, ``zeros_like``),
-not with ``CustomOp.assign``: that goes through NDArray slicing in Python and held the GIL for
-about 1.5 ms per backward layer, which a real layer (C++ kernels) never does. Any Python thread
-of the job then competed with the "compute": bytesched's Core and event threads stretched the
-emulated VGG16's backward from 175 to 223 ms per step while the plain store, with no Python
-thread, kept it (docs/benchmarks.md, "The emulated layers held the GIL").
+not with ``CustomOp.assign``: that slices in Python and spent about 1.5 ms of CPU per backward
+layer on the host, which a real layer (GPU kernels) does not, and it ran slower while the two
+cores also carried communication: the emulated VGG16's backward took 223 ms per step under
+bytesched against 175 ms under the plain store (docs/benchmarks.md, "The emulated MXNet layers
+cost host CPU").
 """
 
 from __future__ import annotations

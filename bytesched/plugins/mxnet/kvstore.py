@@ -4,7 +4,7 @@
     trainer = gluon.Trainer(list(net.collect_params().values()), "sgd", {...}, kvstore=kv)
 
 Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
-sub-tasks are the key's partitions, each stored under its own server key (see :mod:`.layout`).
+sub-tasks are the key's partitions, each stored under its own server key (see :mod:`bytesched.core.ps_layout`).
 The call returns at once, as MXNet's does, having posted into MXNet's engine the wrapped store's
 own push, pull or pushpull of every partition, on avatars, between Dependency Proxies
 (:mod:`.task`). Partitions of one tensor move independently, so the answer to one overlaps the
@@ -73,7 +73,7 @@ from bytesched.core.policies import ImmediatePolicy, Policy, make_policy
 from bytesched.core.timeline import open_timeline
 from bytesched.tuning import TuningSession, make_session
 
-from .layout import KeyLayout, ServerKeyTable, UserKey
+from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
 from .task import Arrays, Avatars, ProxiedTask, unique_arrays

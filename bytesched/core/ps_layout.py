@@ -1,5 +1,8 @@
 """Server-key layout: which server keys hold which elements of which user key.
 
+Used by the MXNet plugin's ScheduledKVStore and by the simulator, which places a scheduled PS
+job's partitions with this same table; it follows MXNet's placement rule but imports no MXNet.
+
 Each tensor the user stores under a key is split into contiguous element ranges, one server key
 per range (zero-copy: the ranges are views of the flattened tensor). Every worker builds the same
 table because every worker initialises the same keys in the same order with the same partition
