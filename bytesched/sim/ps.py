@@ -67,7 +67,7 @@ def plugin_layout(plans: Sequence[TensorPlan], num_servers: int, bigarray_bound:
     instead (consecutive keys alternating servers, big partitions spread over all), the
     simulator queued the emulated VGG16's convolutions behind the fully-connected layers on one
     connection and predicted 442 ms per step for 4 MB partitions / 16 MB credit, where 343 ms
-    were measured (369 ms with this layout; docs/benchmarks.md).
+    were measured (360 ms with this layout; docs/benchmarks.md).
     """
     table = ServerKeyTable(num_servers, bigarray_bound)
     laid_out = []
