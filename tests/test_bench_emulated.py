@@ -14,9 +14,10 @@ import pytest
 
 from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
 from bytesched.bench.emulated.calibration import Calibration
-from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, configuration
-from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options,
-                                                 fit_scheduled_overhead, predict_group, resolve)
+from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, PS_PROBES, configuration, probes
+from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options, fit_probes,
+                                                 fit_scheduled_latency, fit_scheduled_overhead, predict_group,
+                                                 resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from bytesched.bench.emulated.report import BEGIN, END, write_section
 from bytesched.bench.emulated.results import merge, summarize
@@ -157,6 +158,25 @@ def test_fitted_overhead_recovers_the_cost_that_produced_the_probe_times(arch: s
     assert fit_scheduled_overhead(profile, options, *measured) == pytest.approx(theta, rel=0.06)
     if arch == "allreduce":  # slower than anything the grid explains: its largest cost
         assert fit_scheduled_overhead(profile, options, 100.0, 100.0) == pytest.approx(MAX_OVERHEAD, rel=0.1)
+
+
+def test_fitted_ps_latency_recovers_the_delay_that_produced_the_probe_times() -> None:
+    """A PS's three probe times simulated with a known pipelined latency give that latency back,
+    and the harness fits a latency (not an overhead) for a PS group."""
+    [group], _ = groups(["mxnet-ps"], ["vgg16"], [GBIT], [2], [])
+    profile = scaled_profile("vgg16", Scale(size=0.015, time=0.2))
+    calibration = Calibration(0.002, 0.08, 8_000_000)
+    options = cluster_options(group, "full-duplex", calibration)
+    assert probes("ps") == PS_PROBES and len(PS_PROBES) == 3 and probes("allreduce") == PROBES
+    measured = tuple(simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
+                              credit=p.credit_bytes, **{**options, "latency": 0.003}).predictions[0]
+                     .result("bytescheduler").iteration_time
+                     for p in (CONFIGURATIONS[name].params for name in PS_PROBES))
+    assert fit_scheduled_latency(profile, options, measured) == pytest.approx(0.003, rel=0.08)
+    fitted = fit_probes("ps", profile, options, dataclasses.replace(calibration, probe_seconds=measured))
+    assert fitted.scheduled_overhead is None and fitted.scheduled_latency == pytest.approx(0.003, rel=0.08)
+    assert fitted.simulator_options("ps", 2, scheduled=True)["latency"] == fitted.scheduled_latency
+    assert fitted.simulator_options("ps", 2)["latency"] == 0.0
 
 
 def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> None:

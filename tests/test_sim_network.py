@@ -222,6 +222,23 @@ def test_mxnet_assignment_hashes_small_keys_and_spreads_big_ones() -> None:
         Assignment("random", 4, 1000)
 
 
+def test_a_ps_hop_delays_its_message_but_not_the_next_one_on_the_connection() -> None:
+    """Two pushes and pulls of 100 bytes at 100 B/s to one server, overhead 0.5 s and latency
+    2 s each way: the overhead occupies the connection, the latency does not. The first push
+    leaves at 1.5 s, arrives at 3.5, its pull leaves at 5 and arrives at 7; the second push
+    leaves at 3 (right behind the first), arrives at 5, and its pull waits for the first pull's
+    bytes (until 5) and then takes 1.5 s: it leaves at 6.5 and arrives at 8.5."""
+    loop = EventLoop()
+    fabric = FullDuplexFabric(loop, [100.0], [1], num_servers=1, server_bandwidth=math.inf)
+    ps = ParameterServer(loop, fabric, Assignment("round-robin", 1, 10**6), num_classes=1, overhead=0.5, latency=2.0)
+    log: list[tuple[str, float]] = []
+    first, second = subtasks(100, 100)
+    ps.start(0, first, server=0, update=0.0, done=arrivals(loop, log, "first"))
+    ps.start(0, second, server=0, update=0.0, done=arrivals(loop, log, "second"))
+    loop.run()
+    assert log == [("first", pytest.approx(7.0)), ("second", pytest.approx(8.5))]
+
+
 def test_pull_starts_only_after_every_class_pushed() -> None:
     loop = EventLoop()
     fabric = FullDuplexFabric(loop, [100.0, 100.0], [1, 1], num_servers=1, server_bandwidth=math.inf)

@@ -108,7 +108,8 @@ class Cluster:
             medium for everything, e.g. a rate-shaped loopback).
         overhead: θ, the fixed cost of every message (RPC, serialisation, synchronisation);
             the paper measured about 300 us.
-        latency: one network hop; a ring all-reduce pays ``2(n-1)`` of them, a PS message one.
+        latency: one network hop; a ring all-reduce pays ``2(n-1)`` of them, a PS message one
+            (pipelined: it delays the message, not the next one on its connection).
         assignment: how the PS maps keys to servers: ``mxnet`` (a key of at least
             ``bigarray_bound`` elements is sliced evenly over all servers, smaller keys are
             hashed to one) or ``round-robin`` (each key whole on the next server).

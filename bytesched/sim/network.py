@@ -3,8 +3,9 @@ them (the model of the ICPE'20 throughput-prediction paper, §3.1).
 
 A *flow* is one message (a push or a pull of one key) from a class of identical workers. Each
 worker has one connection per server and direction, and a connection is a FIFO byte stream: its
-messages go one after another, each first paying its fixed cost (per-message overhead θ plus
-latency, without using bandwidth), then moving its bytes. Messages on different connections
+messages go one after another, each first paying its fixed cost (the caller's: the per-message
+overhead θ, for an all-reduce step also its hops' latency; without using bandwidth), then moving
+its bytes. Messages on different connections
 share the links. A message for a key that the parameter server spreads over all servers
 (MXNet's big arrays) goes over every connection at once, in lockstep, paced by the most loaded
 server; such messages queue behind each other (a channel of their own), not behind the

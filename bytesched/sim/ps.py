@@ -5,6 +5,14 @@ of the updated values. A server answers pulls of a key only once every worker's 
 has arrived and the update was applied (synchronous training), so a straggler's late push
 delays everybody's pull of that key, and only of that key.
 
+Costs: a message first pays the per-message overhead θ on its connection (serialisation, the
+RPC), then moves its bytes, then arrives one ``latency`` later. The latency is pipelined: it
+delays the message, not the connection. On the emulated network bytesched's PS path has such a
+delay (the follower's wait for rank 0's order, ps-lite's and the engine's hand-offs): with a
+credit of four 256 KB partitions the emulated VGG16 ran at 1.33x where the simulator, without
+it, predicted 1.70x; a cost that occupied the connection cannot explain both that and the
+512 KB probe, a pipelined delay of 1.5-2 ms does (docs/benchmarks.md).
+
 Placement: the plain store's whole tensors go where MXNet puts a key (:class:`Assignment`);
 bytesched's partitions go where the MXNet plugin puts them (:func:`plugin_layout`).
 """
@@ -97,7 +105,8 @@ class ParameterServer:
         self.fabric = fabric
         self.assignment = assignment
         self.num_classes = num_classes
-        self.fixed = overhead + latency
+        self.overhead = overhead
+        self.latency = latency
         self._aggregations: dict[tuple[str, int, int], _Aggregation] = {}
 
     def start(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:
@@ -105,7 +114,16 @@ class ParameterServer:
         pull it; ``done`` after the pull. ``update`` is the server's time to apply the
         aggregated gradient before answering pulls.
         """
-        self.fabric.send(klass, PUSH, server, sub.nbytes, self.fixed, self._pushed, klass, sub, server, update, done)
+        self.fabric.send(klass, PUSH, server, sub.nbytes, self.overhead, self._after_latency,
+                         self._pushed, klass, sub, server, update, done)
+
+    def _after_latency(self, then: Callable[..., None], *args: object) -> None:
+        """A message has left its connection; it arrives one hop later. The hop does not occupy
+        the connection: the next message's bytes follow at once."""
+        if self.latency > 0:
+            self.loop.call_later(self.latency, then, *args)
+        else:
+            then(*args)
 
     def _pushed(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:
         agg = self._aggregations.get(sub.key)
@@ -122,4 +140,4 @@ class ParameterServer:
 
     def _answer_pulls(self, agg: _Aggregation, nbytes: int, server: int) -> None:
         for klass, done in agg.pullers:
-            self.fabric.send(klass, PULL, server, nbytes, self.fixed, done)
+            self.fabric.send(klass, PULL, server, nbytes, self.overhead, self._after_latency, done)

@@ -128,9 +128,12 @@ def make_fabric(cluster: Cluster, loop: EventLoop, classes: Sequence[tuple[Worke
     return FullDuplexFabric(loop, bandwidths, multiplicity, servers, cluster.server_capacity)
 
 
-def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_bytes: float) -> float:
-    """Seconds to communicate one tensor alone (TicTac's time oracle for a transfer)."""
-    pieces = len(split_elements(nbytes // ELEMENT_BYTES, ELEMENT_BYTES, partition_bytes))
+def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_bytes: float,
+                      pieces: int | None = None) -> float:
+    """Seconds to communicate one tensor alone (TicTac's time oracle for a transfer), in
+    ``pieces`` messages (default: equal pieces of ``partition_bytes``)."""
+    if pieces is None:
+        pieces = len(split_elements(nbytes // ELEMENT_BYTES, ELEMENT_BYTES, partition_bytes))
     if cluster.arch == "allreduce":
         fixed = cluster.overhead + 2 * (cluster.workers - 1) * cluster.latency
         return pieces * fixed + fabric.allreduce_seconds(nbytes, cluster.workers)
@@ -141,7 +144,8 @@ def _tictac_graph(profile: ModelProfile, plans: Sequence[TensorPlan], cluster: C
                   partition_bytes: float, compute_scale: float) -> TicTacGraph:
     comms: list[dict[str, float]] = [{} for _ in profile.layers]
     for plan in plans:
-        comms[plan.layer][plan.name] = transfer_estimate(cluster, fabric, plan.nbytes, partition_bytes)
+        pieces = None if plan.pieces is None else len(plan.pieces)
+        comms[plan.layer][plan.name] = transfer_estimate(cluster, fabric, plan.nbytes, partition_bytes, pieces)
     return TicTacGraph.layer_chain([
         TicTacLayer(forward=layer.forward * compute_scale, backward=layer.backward * compute_scale, comms=comms[i])
         for i, layer in enumerate(profile.layers)])

@@ -12,10 +12,12 @@ and the prediction and the simulator-chosen sizes use those two figures.
 
 bytesched's own path costs more per sub-task than the framework's bare operation (the Core,
 the plugin's start and completion, the rank-0 order for a PS, Python on a loaded CPU). Where a
-group runs ``bytescheduler-sim``, the calibration also runs the workload itself under two fixed
-partition sizes (the ``probe-*`` configurations) and :func:`.prediction.fit_scheduled_overhead`
-finds the per-message cost with which the simulator reproduces the measured difference between
-them; the scheduled configurations are then predicted, and their sizes chosen, with that cost.
+group runs ``bytescheduler-sim``, the calibration also runs the workload itself under fixed
+partition sizes (the ``probe-*`` configurations: two for all-reduce, three for a PS) and
+:func:`.prediction.fit_probes` finds the cost with which the simulator reproduces them: a
+per-message overhead for all-reduce, a pipelined per-message latency for a PS (whose credit,
+not its connections, is what such a delay starves); the scheduled configurations are then
+predicted, and their sizes chosen, with that cost.
 
 The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
 or a fused pushpull of one key (a ``dist_sync`` KVStore, as Gluon's Trainer does; results files
@@ -55,13 +57,16 @@ class Calibration:
     large_seconds: float
     """An operation of ``large_bytes``."""
     large_bytes: int
-    probe_seconds: tuple[float, float] | None = None
-    """Seconds per step of the workload under ``probe-coarse`` and ``probe-fine``."""
+    probe_seconds: tuple[float, ...] | None = None
+    """Seconds per step of the workload under the probes (:func:`.configs.probes`, in order)."""
     scheduled_overhead: float | None = None
     """The per-message cost of bytesched's path fitted from the probes (None: not fitted)."""
     compute_seconds: float | None = None
     """One training step of the emulated model without communication (None: not measured, as in
     results files written before this was)."""
+    scheduled_latency: float | None = None
+    """The pipelined per-message latency of bytesched's PS path fitted from the probes (None: not
+    fitted: all-reduce, or results files written before it was)."""
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):
@@ -71,7 +76,7 @@ class Calibration:
     def simulator_options(self, arch: str, workers: int, scheduled: bool = False) -> dict[str, float]:
         """``overhead``, ``latency`` and ``bandwidth`` for :func:`bytesched.sim.predict.simulate`
         that reproduce both measurements in the simulator's cost model (with ``scheduled``, the
-        overhead is the fitted one of bytesched's path, where there is one).
+        overhead and latency are the fitted ones of bytesched's path, where there are any).
 
         All-reduce (ring): ``overhead + 2(n-1) latency + 2(n-1)/n bytes / bandwidth``; a PS
         push+pull: two messages, each ``overhead + latency + bytes / bandwidth`` (with as many
@@ -89,6 +94,8 @@ class Calibration:
             raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
         if scheduled and self.scheduled_overhead is not None:
             options["overhead"] = self.scheduled_overhead
+        if scheduled and self.scheduled_latency is not None:
+            options["latency"] = self.scheduled_latency
         return options
 
     def as_record(self) -> dict[str, Any]:

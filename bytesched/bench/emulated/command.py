@@ -25,7 +25,7 @@ from ...sim.predict import simulate
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
-from .prediction import as_measured, cluster_options, fit_scheduled_overhead, predict_group, resolve
+from .prediction import as_measured, cluster_options, fit_probes, predict_group, resolve
 from .report import markdown, plot, write_section
 from .results import FORMAT, load, merge, save
 from .runner import Workload, run_groups
@@ -143,10 +143,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workload = workloads[group.model]
         profile = as_measured(scaled_profile(group.model, Scale(workload.size_scale, workload.time_scale)), calibration)
         topology = SIM_TOPOLOGY[args.topology]
-        if calibration is not None and calibration.probe_seconds is not None:
-            fitted = fit_scheduled_overhead(profile, cluster_options(group, topology, calibration),
-                                            *calibration.probe_seconds)
-            calibration = dataclasses.replace(calibration, scheduled_overhead=fitted)
+        if calibration is not None:
+            calibration = fit_probes(group.framework.arch, profile, cluster_options(group, topology, calibration),
+                                     calibration)
         options = cluster_options(group, topology, calibration, scheduled=True)
         group = dataclasses.replace(group, configurations=resolve(group, profile, options))
         entry = entries[group.key]

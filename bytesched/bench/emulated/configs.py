@@ -58,6 +58,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("probe-fine", "calibration: bytesched at 512 KB partitions / 2 MB credit", policy="bytescheduler",
                   params=SchedulingParams(partition_bytes=512 << 10, credit_bytes=2 << 20),
                   simulated_as="bytescheduler"),
+    Configuration("probe-small", "calibration (PS): bytesched at 256 KB partitions / 1 MB credit",
+                  policy="bytescheduler", params=SchedulingParams(partition_bytes=256 << 10, credit_bytes=1 << 20),
+                  simulated_as="bytescheduler"),
     Configuration("tuned", "bytesched, bytescheduler policy, auto-tuned (BYTESCHED_TUNING=1)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
@@ -70,7 +73,15 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
 
 BASELINE = "vanilla"
 PROBES = ("probe-coarse", "probe-fine")
-"""The two partition sizes whose measured difference fits bytesched's per-sub-task cost."""
+"""The two partition sizes whose measured step times fit bytesched's per-message overhead."""
+PS_PROBES = (*PROBES, "probe-small")
+"""A PS's probes: also the grid's smallest partition and credit, whose step time shows the
+pipelined per-message latency of bytesched's PS path (the other two hardly do)."""
+
+
+def probes(arch: str) -> tuple[str, ...]:
+    """The probe configurations the calibration runs for an ``allreduce`` or ``ps`` group."""
+    return PS_PROBES if arch == "ps" else PROBES
 
 
 def configuration(name: str, sizes: dict[str, tuple[int, int]] | None = None) -> Configuration:

@@ -78,9 +78,15 @@ def _calibration(group: dict[str, Any]) -> list[str]:
                      f"simulator's layer times were stretched to that.")
     probes = calibration.get("probe_seconds")
     if probes:
-        lines.append(f"Probes: a step took {probes[0] * 1e3:.0f} ms with 4 MB partitions / 16 MB credit and "
-                     f"{probes[1] * 1e3:.0f} ms with 512 KB / 2 MB, which fits bytesched's cost per message at "
-                     f"{calibration['scheduled_overhead'] * 1e3:.2f} ms; the simulator predicted bytesched's "
+        sizes = ["4 MB partitions / 16 MB credit", "512 KB / 2 MB", "256 KB / 1 MB"][:len(probes)]
+        parts = [f"{seconds * 1e3:.0f} ms with {size}" for seconds, size in zip(probes, sizes)]
+        took = ", ".join(parts[:-1]) + " and " + parts[-1]
+        latency = calibration.get("scheduled_latency")
+        if latency is not None:
+            fits = f"a pipelined latency per message of {latency * 1e3:.2f} ms on bytesched's path"
+        else:
+            fits = f"bytesched's cost per message at {calibration['scheduled_overhead'] * 1e3:.2f} ms"
+        lines.append(f"Probes: a step took {took}, which fits {fits}; the simulator predicted bytesched's "
                      f"configurations (and chose `bytescheduler-sim`'s sizes) with that.")
     return lines
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from ...emulation import Cluster, Job, emulated_cluster, format_rate
 from .calibration import Calibration
 from .cells import Group, rounds
-from .configs import CONFIGURATIONS, PROBES, Configuration
+from .configs import CONFIGURATIONS, Configuration, probes as probe_names
 from .protocol import MARKER, parse, worker_argv
 
 
@@ -68,21 +68,22 @@ def _worker_args(workload: Workload, group: Group, **mode: Any) -> list[str]:
 def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout: float,
                     on_line: Callable[[str], None]) -> Calibration:
     """Time the framework's small and whole-gradient operations on ``cluster``, and where the
-    group has run-time-sized configurations also the workload under the two probe sizes
+    group has run-time-sized configurations also the workload under the probe sizes
     (:mod:`.calibration`)."""
     job = launch(cluster, group, _worker_args(workload, group, calibrate=workload.gradient_bytes), {})
     records = _finish(job, timeout, expected=1, what="calibration")
     calibration = Calibration.from_record(records[0]["calibration"])
     if not any(c.sized_at_run_time for c in group.configurations):
         return calibration
-    probes = [CONFIGURATIONS[name] for name in PROBES]
+    names = probe_names(group.framework.arch)
+    probes = [CONFIGURATIONS[name] for name in names]
     # One process per run on MXNet; elsewhere one job in the order A B B A, so a drifting load
     # weighs on both probes alike.
     jobs = [[probe] for probe in probes] if group.framework.one_run_per_job else [probes + probes[::-1]]
     runs = [run for configs in jobs for run in run_job(cluster, group, workload, configs, 0, timeout, on_line)]
     seconds = {name: statistics.mean(run["seconds"] / run["steps"] for run in runs if run["config"] == name)
-               for name in PROBES}
-    return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in PROBES))
+               for name in names}
+    return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in names))
 
 
 def run_job(cluster: Cluster, group: Group, workload: Workload, configs: Sequence[Configuration], round_number: int,
