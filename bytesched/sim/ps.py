@@ -10,8 +10,8 @@ RPC), then moves its bytes, then arrives one ``latency`` later. The latency is p
 delays the message, not the connection. On the emulated network bytesched's PS path has such a
 delay (the follower's wait for rank 0's order, ps-lite's and the engine's hand-offs): with a
 credit of four 256 KB partitions the emulated VGG16 ran at 1.33x where the simulator, without
-it, predicted 1.70x; a cost that occupied the connection cannot explain both that and the
-512 KB probe, a pipelined delay of 1.5-2 ms does (docs/benchmarks.md).
+it, predicted 1.70x, while 4 MB / 16 MB and 512 KB / 2 MB were predicted within 5 %. The
+benchmark fits it from a probe at 256 KB / 1 MB (2.2 and 2.9 ms there; docs/benchmarks.md).
 
 Placement: the plain store's whole tensors go where MXNet puts a key (:class:`Assignment`);
 bytesched's partitions go where the MXNet plugin puts them (:func:`plugin_layout`).
