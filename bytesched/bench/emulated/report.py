@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...emulation import format_rate
-from .configs import BASELINE, CONFIGURATIONS
+from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES
 from .results import Spread, summarize
 
 BEGIN = "<!-- emulated:begin -->"
@@ -78,8 +78,10 @@ def _calibration(group: dict[str, Any]) -> list[str]:
                      f"simulator's layer times were stretched to that.")
     probes = calibration.get("probe_seconds")
     if probes:
-        sizes = ["4 MB partitions / 16 MB credit", "512 KB / 2 MB", "256 KB / 1 MB"][:len(probes)]
-        parts = [f"{seconds * 1e3:.0f} ms with {size}" for seconds, size in zip(probes, sizes)]
+        names = PS_PROBES if len(probes) == len(PS_PROBES) else PROBES
+        sizes = [f"{_kib(p.partition_bytes)} / {_kib(p.credit_bytes)}" for p in (CONFIGURATIONS[n].params for n in names)]
+        sizes[0] = sizes[0].replace(" / ", " partitions / ") + " credit"
+        parts = [f"{seconds * 1e3:.0f} ms with {size}" for seconds, size in zip(probes, sizes, strict=True)]
         took = ", ".join(parts[:-1]) + " and " + parts[-1]
         latency = calibration.get("scheduled_latency")
         if latency is not None:
