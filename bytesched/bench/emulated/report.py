@@ -78,6 +78,7 @@ def _calibration(group: dict[str, Any]) -> list[str]:
                      f"simulator's layer times were stretched to that.")
     probes = calibration.get("probe_seconds")
     if probes:
+        # by count, not by architecture: PS files written before session 7 recorded two probes
         names = PS_PROBES if len(probes) == len(PS_PROBES) else PROBES
         sizes = [f"{_kib(p.partition_bytes)} / {_kib(p.credit_bytes)}" for p in (CONFIGURATIONS[n].params for n in names)]
         sizes[0] = sizes[0].replace(" / ", " partitions / ") + " credit"
