@@ -49,8 +49,9 @@ def test_pytorch_synthetic_benchmark_with_a_timeline_read_by_bytesched_timeline(
     assert report["ranks"] == [0, 1]
     steps = [s for s in report["steps"] if s["rank"] == 0]
     assert len(steps) == 1 + 2 * 2  # warm-up and timed steps, one task instance each
-    # The CNN's 10 tensors, fc1.weight (4 MiB) split at the default 4 MB partition size: 11 partitions.
-    assert all(s["subtasks"] == 11 for s in steps)
+    # The CNN's 10 tensors in the default 1 MB fusion buckets: the convolutions' 6 in one, fc1.weight
+    # (4 MiB) alone and split at the default 4 MB partition size into 2, fc1.bias with fc2: 4 partitions.
+    assert all(s["subtasks"] == 4 for s in steps)
     assert all(s["iteration_s"] > 0 and s["comm_s"] > 0 for s in steps[:-1])
 
 

@@ -30,7 +30,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def job_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("torch_timeline")
-    env = dict(os.environ, BYTESCHED_TIMELINE=str(out / "tl.json"), BYTESCHED_CHANNEL_PORT=str(free_port()))
+    # Fusion off: one task per tensor, so that each gradient's arrival is on the timeline.
+    env = dict(os.environ, BYTESCHED_TIMELINE=str(out / "tl.json"), BYTESCHED_CHANNEL_PORT=str(free_port()),
+               BYTESCHED_FUSION_BYTES="1")
     env.pop("BYTESCHED_ORDER", None)
     torchrun = require_executable("torchrun")
     result = run_job([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),

@@ -4,6 +4,7 @@ the first-forward trace, the Horovod handle poller, and argument errors."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from typing import Any, Callable
@@ -13,8 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bytesched.core import from_env, shutdown
 from bytesched.plugins.torch import ScheduledOptimizer
+from bytesched.plugins.torch.distributed import DistributedBackend
+from bytesched.plugins.torch.fusion import agree_on_buckets, pack, plan_buckets, unpack
 from bytesched.plugins.torch.horovod import HandlePoller
+from bytesched.plugins.torch.pipeline import ParamSlot
 from bytesched.plugins.torch.trace import ForwardTrace
 from bytesched.plugins.torch.updates import PartialStep, hyperparameters
 
@@ -248,5 +253,64 @@ def test_gradients_reduced_before_step_are_applied_in_one_optimizer_call(one_ran
     finally:
         opt.close()  # conftest stops the process's Core after the module
     assert calls == [12, 12, 12]
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_buckets_join_consecutive_parameters_of_one_kind_up_to_the_fusion_size(one_rank_group: object) -> None:
+    model = nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5), nn.Linear(50, 1), nn.Linear(5, 5).double(),
+                          nn.Linear(5, 5))
+    params = list(model.parameters())
+    slots = [ParamSlot(f"p{i}", p, group=0 if i < 8 else 1, priority=i) for i, p in enumerate(params)]
+    # bytes: 100 20 | 100 20 | 200 4 | 200 40 (float64) | 100 20, and p8 onwards is another group
+    assert plan_buckets(slots, 150) == [[0, 1], [2, 3], [4], [5], [6], [7], [8, 9]]  # p4 and p6 alone
+    assert plan_buckets(slots, 1) == [[i] for i in range(10)]  # fusion off: every tensor alone
+    buckets = agree_on_buckets(DistributedBackend(one_rank_group), slots, 250)
+    assert [b.name for b in buckets] == ["p0+3", "p4+1", "p6+1", "p8+1"]
+    assert [b.group for b in buckets] == [0, 0, 0, 1] and slots[3].bucket is buckets[0]
+
+
+def test_a_bucket_packs_its_gradients_and_unpacks_the_reduced_buffer_into_them() -> None:
+    grads = [torch.arange(6.0).view(2, 3), torch.arange(4.0).view(2, 2).t(), torch.tensor([7.0])]
+    flat = pack(grads)
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 0, 2, 1, 3, 7]  # the transposed one in its logical order
+    unpack(flat * 2, grads)
+    assert grads[1].tolist() == [[0, 4], [2, 6]] and grads[2].tolist() == [14.0]
+    alone = torch.ones(3, 2)
+    assert pack([alone]).data_ptr() == alone.data_ptr()  # a lone contiguous gradient is not copied
+
+
+def test_fused_gradients_cost_one_collective_per_bucket_and_train_bit_for_bit(one_rank_group: object,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six layers in two parameter groups, fused in buckets of at most 250 bytes: four all-reduces
+    per step (groups are never mixed), and the parameters of plain training."""
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    layers = [nn.Linear(5, 5) for _ in range(6)]
+    reference, model = nn.Sequential(*layers), copy.deepcopy(nn.Sequential(*layers))
+
+    def groups(net: nn.Module) -> list[dict[str, Any]]:
+        return [{"params": list(net[:3].parameters())}, {"params": list(net[3:].parameters()), "lr": 0.05}]
+
+    ref_opt = torch.optim.SGD(groups(reference), lr=0.1, momentum=0.9)
+    shutdown()  # the module's Core runs with the default configuration
+    opt = ScheduledOptimizer(model, torch.optim.SGD(groups(model), lr=0.1, momentum=0.9),
+                             config=dataclasses.replace(from_env(), fusion_bytes=250))
+    assert [b.name for b in opt._pipeline.buckets] == ["0.weight+3", "2.weight+1", "3.weight+3", "5.weight+1"]
+    reduced: list[int] = []
+    all_reduce = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, **kw: (reduced.append(tensor.numel()),
+                                                                  all_reduce(tensor, **kw))[1])
+    try:
+        x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+        for _ in range(3):
+            for net, optimizer in ((reference, ref_opt), (model, opt)):
+                optimizer.zero_grad()
+                net(x).square().sum().backward()
+                optimizer.step()
+        opt.synchronize()
+    finally:
+        opt.close()
+    assert sorted(reduced) == sorted([60, 30, 60, 30] * 3)
     for a, b in zip(reference.parameters(), model.parameters()):
         assert torch.equal(a, b)

@@ -96,6 +96,7 @@ class Config:
     order: str = "auto"
     timeline: str | None = None
     log_level: str = "WARNING"
+    fusion_bytes: float = 1_000_000
     channel_host: str = "127.0.0.1"
     channel_port: int | None = None  # None: rank 0 picks a free port and the plugin shares it
     channel_timeout_s: float = 60.0
@@ -210,6 +211,9 @@ VARIABLES: tuple[Variable, ...] = (
              "Partition size: tensors are split into sub-tasks of at most this many bytes."),
     Variable("BYTESCHED_CREDIT_BYTES", "params.credit_bytes", _size, "16MB",
              "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
+    Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
+             "Tensor fusion (PyTorch plugin): gradients of consecutive parameters are all-reduced as one "
+             "task while they hold at most this many bytes together (1 switches fusion off)."),
     Variable("BYTESCHED_POLICY", "policy", _choice(POLICIES), "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + "."),
     Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",

@@ -25,6 +25,10 @@ from bytesched.core import Config, SchedulingParams
 
 STEPS = 30
 SPLIT = SchedulingParams(partition_bytes=4000, credit_bytes=8000)  # splits c2, fc1, fc2 and body.0
+# With SPLIT, small gradients are fused into buckets of at most this many bytes (the CNN's c1
+# weight and bias share one, so do fc1.bias and fc2): fused, lone and partitioned tasks all occur.
+# Any other sizes keep the default fusion (the test models then fit in one bucket).
+SPLIT_FUSION_BYTES = 3000
 
 
 class SmallCNN(nn.Module):
@@ -111,7 +115,8 @@ OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
 
 def config(params: SchedulingParams = SchedulingParams(), policy: str = "bytescheduler") -> Config:
     """The environment's configuration (channel port, job token) with these scheduling settings."""
-    return dataclasses.replace(core.from_env(), params=params, policy=policy)
+    fused = {"fusion_bytes": SPLIT_FUSION_BYTES} if params == SPLIT else {}
+    return dataclasses.replace(core.from_env(), params=params, policy=policy, **fused)
 
 
 def new_model(name: str) -> nn.Module:

@@ -38,8 +38,9 @@ class Backend(ABC):
     passes_per_step: int | None = None
 
     @abstractmethod
-    def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The flat, contiguous buffer to all-reduce in place, and the context ``finalize`` needs."""
+    def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The buffer to all-reduce in place for the packed gradients ``flat`` (1-D, contiguous),
+        and the context ``finalize`` needs."""
 
     @abstractmethod
     def start(self, task: "GradientTask", sub: SubTask) -> None:
@@ -48,7 +49,7 @@ class Backend(ABC):
 
     @abstractmethod
     def finalize(self, task: "GradientTask") -> None:
-        """All partitions are reduced: leave the averaged gradient in ``task.grad``."""
+        """All partitions are reduced: leave the averaged gradients in ``task.grads``."""
 
     @abstractmethod
     def barrier(self) -> None:
@@ -72,18 +73,6 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release what the backend started (threads); called once the plugin is idle."""
-
-
-def flat_wire(grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` as a 1-D view when its memory is contiguous (no copy), else a contiguous copy."""
-    return grad.view(-1) if grad.is_contiguous() else grad.contiguous().view(-1)
-
-
-def copy_back(task: "GradientTask", reduced: torch.Tensor) -> None:
-    """Write ``reduced`` into the gradient unless it already is the gradient's memory."""
-    grad = task.grad
-    if reduced.data_ptr() != grad.data_ptr():
-        grad.copy_(reduced.view(grad.shape))
 
 
 def make_backend(optimizer: torch.optim.Optimizer, process_group: Any = None) -> Backend:

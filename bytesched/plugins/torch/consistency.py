@@ -76,7 +76,10 @@ def _ranks(ranks: list[int]) -> str:
 def check_same_parameters(backend: Backend, slots: list[ParamSlot]) -> None:
     """Raise :class:`ModelMismatch` on every rank unless all ranks have the same trainable
     parameters. One all-gather of three integers (a fingerprint); only on a mismatch a second one
-    gathers every rank's list, so that the error names the parameter and the ranks."""
+    gathers every rank's list, so that the error names the parameter and the ranks. A collective
+    when there are several ranks; nothing to compare on one."""
+    if backend.size < 2:
+        return
     raw = _encode(describe_parameters(slots))
     fingerprint = int.from_bytes(hashlib.sha256(raw).digest()[:8], "little", signed=True)
     summary = backend.all_gather(torch.tensor([len(slots), len(raw), fingerprint], dtype=torch.int64))
@@ -135,12 +138,7 @@ class ConsistencyCheck:
 
 def make_check(every: int, backend: Backend, slots: list[ParamSlot],
                wait_applied: Callable[[], object]) -> ConsistencyCheck | None:
-    """Check at once that every rank has the same parameters (:func:`check_same_parameters`), then
-    return the check for ``BYTESCHED_CHECK=every`` (None when 0 or a single rank: nothing to
-    compare). Collective: every rank creates its ScheduledOptimizers in the same order."""
-    if backend.size < 2:
-        return None
-    check_same_parameters(backend, slots)
-    if every <= 0:
+    """The check for ``BYTESCHED_CHECK=every`` (None when 0 or a single rank: nothing to compare)."""
+    if backend.size < 2 or every <= 0:
         return None
     return ConsistencyCheck(every, backend, slots, wait_applied)

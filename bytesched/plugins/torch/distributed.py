@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from bytesched.core import SubTask
 
-from .backend import Backend, copy_back, flat_wire
+from .backend import Backend
+from .fusion import unpack
 
 if TYPE_CHECKING:
     from .task import GradientTask
@@ -41,8 +42,8 @@ class DistributedBackend(Backend):
         dist.all_gather(parts, local, group=self._group)
         return torch.stack(parts)
 
-    def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return flat_wire(grad), None
+    def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return flat, None
 
     def start(self, task: "GradientTask", sub: SubTask) -> None:
         work = dist.all_reduce(sub.payload, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
@@ -59,4 +60,4 @@ class DistributedBackend(Backend):
 
     def finalize(self, task: "GradientTask") -> None:
         task.wire.div_(self.size)
-        copy_back(task, task.wire)
+        unpack(task.wire, task.grads)

@@ -20,7 +20,8 @@ import torch
 
 from bytesched.core import SubTask
 
-from .backend import Backend, copy_back, flat_wire
+from .backend import Backend
+from .fusion import unpack
 
 if TYPE_CHECKING:
     from .task import GradientTask
@@ -176,8 +177,8 @@ class HorovodBackend(Backend):
     def all_gather(self, local: torch.Tensor) -> torch.Tensor:
         return self._hvd.allgather(local.unsqueeze(0), name="bytesched.all_gather", process_set=self._process_set)
 
-    def wire(self, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return self._compression.compress(flat_wire(grad))
+    def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return self._compression.compress(flat)
 
     def start(self, task: "GradientTask", sub: SubTask) -> None:
         handle = self._hvd.allreduce_async_(
@@ -194,7 +195,7 @@ class HorovodBackend(Backend):
         self._poller.watch(handle, done)
 
     def finalize(self, task: "GradientTask") -> None:
-        copy_back(task, self._compression.decompress(task.wire, task.context))
+        unpack(self._compression.decompress(task.wire, task.context), task.grads)
 
     def close(self) -> None:
         self._poller.close()

@@ -29,7 +29,8 @@ from bytesched.core.timeline import ChromeTimeline
 from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
-from .consistency import make_check
+from .consistency import check_same_parameters, make_check
+from .fusion import agree_on_buckets
 from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
 from .proxies import ForwardProxies
 from .runtime import channel_of, on_channel_failure, start_core
@@ -78,12 +79,15 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         config = from_env() if config is None else config
         configure_logging(config)
         slots = _make_slots(model, optimizer)
+        # Collectives: every rank creates its ScheduledOptimizers in the same order.
+        check_same_parameters(backend, slots)
+        buckets = agree_on_buckets(backend, slots, config.fusion_bytes)
         self._inner = optimizer
         self._backend = backend
         self._cross_barrier = cross_barrier
         self._plain_step = backend.step_function(optimizer)
         self._core = start_core(config, backend)
-        self._pipeline = UpdatePipeline(slots, backend, self._core,
+        self._pipeline = UpdatePipeline(slots, buckets, backend, self._core,
                                         PartialStep(optimizer, self._plain_step), passes)
         sink = self._core.timeline
         self._timeline = StepTimeline(sink) if isinstance(sink, ChromeTimeline) else None

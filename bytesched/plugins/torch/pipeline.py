@@ -2,9 +2,10 @@
 
 A parameter's gradient of one iteration goes through four events:
 
-1. *ready*: backward finished accumulating it (the ready proxy fires): a :class:`GradientTask`
-   is enqueued to the Core, which partitions, orders and starts its all-reduce;
-2. *reduced*: every partition finished and the backend finalised the gradient (on the update
+1. *ready*: backward finished accumulating it (the ready proxy fires); once every gradient of
+   its :class:`~.fusion.Bucket` is ready, the bucket's :class:`GradientTask` is enqueued to the
+   Core, which partitions, orders and starts its all-reduce;
+2. *reduced*: every partition finished and the backend finalised the gradients (on the update
    thread, so the Core thread never does tensor work);
 3. *released*: the user called ``step()``: the group's hyperparameters are snapshotted, and the
    parameter becomes *stale* (its ``fresh`` event is cleared) until
@@ -34,6 +35,7 @@ from bytesched.core import Core
 from bytesched.core.channel import ChannelError
 
 from .backend import Backend
+from .fusion import Bucket
 from .task import GradientTask
 from .updates import PartialStep
 
@@ -60,11 +62,11 @@ class ParamSlot:
         priority: rank of its first read in the forward pass (lower is more urgent).
         fresh: set while no update of this parameter is pending; forward proxies wait on it.
         passes: backward passes accumulated into its gradient since the last step().
-        task: its current GradientTask, from ready until applied (or discarded).
+        bucket: the bucket its gradient is all-reduced in (set once the ranks agreed on buckets).
         zero_request: a ``zero_grad`` that arrived while an update was pending ("none" or "zero").
     """
 
-    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "task", "zero_request")
+    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "bucket", "zero_request")
 
     def __init__(self, name: str, param: nn.Parameter, group: int, priority: int) -> None:
         self.name = name
@@ -74,7 +76,7 @@ class ParamSlot:
         self.fresh = threading.Event()
         self.fresh.set()
         self.passes = 0
-        self.task: GradientTask | None = None
+        self.bucket: Bucket
         self.zero_request: str | None = None
 
     def __repr__(self) -> str:
@@ -103,9 +105,10 @@ class UpdatePipeline:
     made under one lock, and waits sleep on events or a condition.
     """
 
-    def __init__(self, slots: list[ParamSlot], backend: Backend, core: Core,
+    def __init__(self, slots: list[ParamSlot], buckets: list[Bucket], backend: Backend, core: Core,
                  apply_update: PartialStep, backward_passes_per_step: int) -> None:
         self.slots = slots
+        self.buckets = buckets
         self._backend = backend
         self._core = core
         self._apply_update = apply_update
@@ -131,13 +134,17 @@ class UpdatePipeline:
             slot.passes += 1
             if slot.passes < self._passes_per_step:
                 return
-            if slot.task is not None:
+            bucket = slot.bucket
+            if bucket.task is not None or slot.passes > self._passes_per_step:
                 raise BarrierCrossingError(
                     f"the gradient of {slot.name!r} was computed again before its previous all-reduce "
                     f"and update finished: call step() after every {self._passes_per_step} backward "
                     f"pass(es) (backward_passes_per_step of hvd.DistributedOptimizer), and read "
                     f"{slot.name!r} only inside the model's forward pass, or " + ESCAPE_HATCH)
-            task = self._new_task(slot)
+            bucket.waiting -= 1
+            if bucket.waiting:
+                return
+            task = self._new_task(bucket)
         self._core.enqueue(task, ready=True)
 
     def release(self, hparams: list[dict[str, Any]]) -> None:
@@ -147,8 +154,9 @@ class UpdatePipeline:
         with self._lock:  # together with _finalize's check, exactly one of them applies a task
             due = []
             for task in tasks:
-                task.hparams = hparams[task.slot.group]
-                task.slot.fresh.clear()
+                task.hparams = hparams[task.bucket.group]
+                for slot in task.bucket.slots:
+                    slot.fresh.clear()
                 self._unapplied += 1
                 if task.reduced:
                     due.append(task)
@@ -176,7 +184,7 @@ class UpdatePipeline:
                                    "optimizer.step() or optimizer.synchronize(), while gradients are "
                                    "being all-reduced; this is prohibited (as with Horovod)")
             for task in self._round:
-                task.slot.task = None
+                task.bucket.task = None
             self._reset_round()
 
     @property
@@ -202,7 +210,7 @@ class UpdatePipeline:
             self.discard_round()
         with self._lock:
             for slot in self.slots:
-                if slot.task is not None:
+                if slot.bucket.task is not None:
                     slot.zero_request = "none" if set_to_none else "zero"
                 else:
                     clear_grad(slot.param, set_to_none)
@@ -290,32 +298,35 @@ class UpdatePipeline:
         raise RuntimeError(f"bytesched: gradient communication or update failed: {failure}") from failure
 
     # -- internals ----------------------------------------------------------------------------
-    def _new_task(self, slot: ParamSlot) -> GradientTask:
-        """Create ``slot``'s task for this iteration (lock held)."""
-        param = slot.param
-        if param.grad is None:  # not used on this rank; peers may need it (as Horovod does)
-            param.grad = torch.zeros_like(param)
-        if param.grad.is_sparse:
-            raise BarrierCrossingError(f"{slot.name!r} has a sparse gradient, which bytesched cannot "
-                                       "partition: use a dense layer (e.g. nn.Embedding(sparse=False))")
-        task = GradientTask(slot, param.grad, self._backend, self._communicated, self.fail)
-        slot.task = task
+    def _new_task(self, bucket: Bucket) -> GradientTask:
+        """Create ``bucket``'s task for this iteration (lock held)."""
+        for slot in bucket.slots:
+            param = slot.param
+            if param.grad is None:  # not used on this rank; peers may need it (as Horovod does)
+                param.grad = torch.zeros_like(param)
+            if param.grad.is_sparse:
+                raise BarrierCrossingError(f"{slot.name!r} has a sparse gradient, which bytesched cannot "
+                                           "partition: use a dense layer (e.g. nn.Embedding(sparse=False))")
+        task = GradientTask(bucket, [slot.param.grad for slot in bucket.slots], self._backend,
+                            self._communicated, self.fail)
+        bucket.task = task
         self._round.append(task)
         self._unreduced += 1
         return task
 
     def _complete_round(self, keep_open: bool = False) -> list[GradientTask]:
-        """Give every parameter without a task this iteration one (zeros if it has no gradient)
-        and return the round's tasks; the round ends unless ``keep_open``."""
+        """Give every bucket without a task this iteration one (zeros for gradients that are
+        missing) and return the round's tasks; the round ends unless ``keep_open``."""
         with self._lock:
             self._raise_failure()
-            in_round = {id(t.slot) for t in self._round}
-            earlier = [s for s in self.slots if s.task is not None and id(s) not in in_round]
-        # A parameter left out of this round may still be applying last round's update (it was
+            in_round = {id(t) for t in self._round}
+            earlier = [s for b in self.buckets if b.task is not None and id(b.task) not in in_round
+                       for s in b.slots]
+        # A bucket left out of this round may still be applying last round's update (it was
         # not read by the forward pass): its task name must not be reused while in flight.
         self.wait_fresh(earlier)
         with self._lock:
-            created = [self._new_task(s) for s in self.slots if s.task is None]
+            created = [self._new_task(b) for b in self.buckets if b.task is None]
             tasks = list(self._round)
             if not keep_open:
                 self._reset_round()
@@ -328,6 +339,8 @@ class UpdatePipeline:
         self._round_open = False
         for slot in self.slots:
             slot.passes = 0
+        for bucket in self.buckets:
+            bucket.waiting = len(bucket.slots)
 
     def _communicated(self, task: GradientTask) -> None:
         """Core thread: every partition of ``task`` finished; finalise it on the update thread."""
@@ -337,13 +350,14 @@ class UpdatePipeline:
         """Update thread: ``task`` is reduced; it is due if ``step()`` released it already."""
         try:
             if self._failure is None:
-                if task.grad._version != task.version:
+                modified = task.modified()
+                if modified is not None:
                     raise BarrierCrossingError(
-                        f"the gradient of {task.slot.name!r} was modified in place while bytesched was "
+                        f"the gradient of {modified!r} was modified in place while bytesched was "
                         f"all-reducing it (gradient clipping or AMP unscaling between backward() and "
                         f"step()?); to clip or unscale, " + ESCAPE_HATCH)
                 self._backend.finalize(task)
-                task.version = task.grad._version
+                task.versions = [grad._version for grad in task.grads]
         except BaseException as error:
             self.fail(error)
         with self._changed:
@@ -358,12 +372,13 @@ class UpdatePipeline:
         step (tasks released by one ``step()`` share its hyperparameter dict), the group holding
         the most urgent parameter first."""
         batches: dict[int, list[GradientTask]] = {}
-        for task in sorted(tasks, key=lambda t: t.slot.priority):
+        for task in sorted(tasks, key=lambda t: t.priority):
             if self._failure is not None:
                 return
-            if not task.synchronized and task.grad._version != task.version:
+            modified = None if task.synchronized else task.modified()
+            if modified is not None:
                 self.fail(BarrierCrossingError(
-                    f"the gradient of {task.slot.name!r} was modified in place after it was reduced and "
+                    f"the gradient of {modified!r} was modified in place after it was reduced and "
                     f"before bytesched applied it (clipping or unscaling before step(), or zero_grad("
                     f"set_to_none=False) on the model after step()? use optimizer.zero_grad(), which "
                     f"waits for pending updates); to modify gradients, " + ESCAPE_HATCH))
@@ -372,19 +387,20 @@ class UpdatePipeline:
         for batch in batches.values():
             assert batch[0].hparams is not None
             try:
-                self._apply_update([t.slot.param for t in batch], [t.grad for t in batch], batch[0].hparams)
+                self._apply_update([s.param for t in batch for s in t.bucket.slots],
+                                   [g for t in batch for g in t.grads], batch[0].hparams)
             except BaseException as error:
                 self.fail(error)
                 return
             with self._changed:
                 for task in batch:
-                    slot = task.slot
-                    if slot.zero_request is not None:
-                        clear_grad(slot.param, slot.zero_request == "none")
-                        slot.zero_request = None
-                    slot.task = None
+                    task.bucket.task = None
                     self._unapplied -= 1
-                    slot.fresh.set()
+                    for slot in task.bucket.slots:
+                        if slot.zero_request is not None:
+                            clear_grad(slot.param, slot.zero_request == "none")
+                            slot.zero_request = None
+                        slot.fresh.set()
                 self._changed.notify_all()
 
     def _run_jobs(self) -> None:

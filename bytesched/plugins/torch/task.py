@@ -1,9 +1,10 @@
-"""GradientTask: one parameter's gradient all-reduce, as the Core's CommTask.
+"""GradientTask: one bucket's gradient all-reduce, as the Core's CommTask.
 
-The gradient is flattened into the backend's *wire buffer* (the gradient itself when it is
-contiguous and uncompressed, so nothing is copied) and partitioned into zero-copy 1-D views; the
-backend all-reduces each view in place. Everything a task learns on the way (is it reduced, which
-hyperparameters its update uses) lives here so that the pipeline and the backends share one record.
+The bucket's gradients are packed into the backend's *wire buffer* (the gradient itself when the
+bucket holds one contiguous, uncompressed gradient, so nothing is copied) and partitioned into
+zero-copy 1-D views; the backend all-reduces each view in place. Everything a task learns on the
+way (is it reduced, which hyperparameters its update uses) lives here so that the pipeline and the
+backends share one record.
 """
 
 from __future__ import annotations
@@ -14,42 +15,51 @@ import torch
 
 from bytesched.core import CommTask, SubTask, split_elements
 
+from .fusion import pack
+
 if TYPE_CHECKING:
     from .backend import Backend
-    from .pipeline import ParamSlot
+    from .fusion import Bucket
 
 
 class GradientTask(CommTask):
-    """The all-reduce of ``slot.param``'s gradient for one iteration.
+    """The all-reduce of ``bucket``'s gradients for one iteration.
 
     Attributes:
-        slot: the parameter this gradient belongs to.
-        grad: the gradient tensor (``param.grad`` when the task was created).
-        wire: flat, contiguous buffer that is all-reduced in place (may alias ``grad``).
-        context: what the backend needs to turn ``wire`` back into ``grad`` (compression).
-        version: ``grad._version`` expected when the gradient is next looked at; a different value
-            means someone modified the gradient in place behind our back.
-        reduced: every partition finished and the backend finalised ``grad``.
-        synchronized: the user waited for this gradient (``synchronize()``) and may edit it.
+        bucket: the parameters whose gradients this task carries.
+        grads: their gradient tensors (each ``param.grad`` when the task was created).
+        wire: flat, contiguous buffer that is all-reduced in place (may alias a lone gradient).
+        context: what the backend needs to turn ``wire`` back into ``grads`` (compression).
+        versions: each gradient's ``_version`` expected when it is next looked at; a different
+            value means someone modified that gradient in place behind our back.
+        reduced: every partition finished and the backend finalised ``grads``.
+        synchronized: the user waited for these gradients (``synchronize()``) and may edit them.
         hparams: the parameter group's hyperparameters as of ``step()``; None until released.
     """
 
-    def __init__(self, slot: "ParamSlot", grad: torch.Tensor, backend: "Backend",
+    def __init__(self, bucket: "Bucket", grads: list[torch.Tensor], backend: "Backend",
                  on_communicated: Callable[["GradientTask"], None],
                  on_failed: Callable[[BaseException], None]) -> None:
-        wire, context = backend.wire(grad)
-        super().__init__(slot.name, slot.priority, wire.numel() * wire.element_size())
-        self.slot = slot
-        self.grad = grad
+        wire, context = backend.wire(pack(grads))
+        super().__init__(bucket.name, bucket.priority, wire.numel() * wire.element_size())
+        self.bucket = bucket
+        self.grads = grads
         self.wire = wire
         self.context: Any = context
-        self.version = grad._version
+        self.versions = [grad._version for grad in grads]
         self.reduced = False
         self.synchronized = False
         self.hparams: dict[str, Any] | None = None
         self._backend = backend
         self._on_communicated = on_communicated
         self._on_failed = on_failed
+
+    def modified(self) -> str | None:
+        """The name of a gradient modified in place since ``versions`` was taken, if any."""
+        for slot, grad, version in zip(self.bucket.slots, self.grads, self.versions):
+            if grad._version != version:
+                return slot.name
+        return None
 
     def partition(self, size: float) -> list[tuple[torch.Tensor, int]]:
         wire = self.wire

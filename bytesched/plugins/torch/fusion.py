@@ -1,0 +1,124 @@
+"""Tensor fusion: small gradients share one CommTask (a *bucket*), so each costs no message of its own.
+
+Every collective pays a fixed cost (a Gloo round trip, a rank-0 order announcement, the Core's
+events), about 1.6 ms on this machine's emulated 1 Gbit/s network against 0.2 ms of payload for a
+25 KB bias. A Transformer's 188 tensors therefore doubled its step against DDP, whose buckets pay
+that cost a few times per step. A bucket is a run of parameters, consecutive in the optimizer's
+order (the reverse of which is the order backward produces them for most models), of one group,
+dtype and device, holding at most ``fusion_bytes`` together; a larger parameter is a bucket alone.
+The bucket's gradients are copied into one flat buffer, which the Core partitions and orders like
+any tensor, and copied back once it is reduced: the per-element arithmetic is that of the
+unfused all-reduce.
+
+Ranks may register parameters in different orders, so rank 0's layout is the job's: it is sent
+to the others once, at construction, by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from .backend import Backend
+    from .pipeline import ParamSlot
+    from .task import GradientTask
+
+
+class Bucket:
+    """Parameters whose gradients are all-reduced as one CommTask.
+
+    Attributes:
+        slots: the members, in the order their gradients lie in the flat buffer.
+        name: the CommTask's name, identical on every rank: the first member's name, with
+            ``+N`` for the N other members.
+        group: the members' index in the optimizer's ``param_groups`` (shared).
+        task: the bucket's GradientTask, from the moment every member's gradient was ready until
+            the members' updates were applied (or discarded).
+        waiting: members whose gradient of this iteration is not final yet.
+    """
+
+    __slots__ = ("slots", "name", "group", "task", "waiting")
+
+    def __init__(self, slots: Sequence["ParamSlot"]) -> None:
+        self.slots = list(slots)
+        first = self.slots[0]
+        self.name = first.name if len(self.slots) == 1 else f"{first.name}+{len(self.slots) - 1}"
+        self.group = first.group
+        self.task: "GradientTask | None" = None
+        self.waiting = len(self.slots)
+        for slot in self.slots:
+            slot.bucket = self
+
+    @property
+    def priority(self) -> int:
+        """The most urgent member's: the bucket is needed as soon as that one is."""
+        return min(slot.priority for slot in self.slots)
+
+    def __repr__(self) -> str:
+        return f"Bucket({self.name!r}, {len(self.slots)} parameters)"
+
+
+def _kind(slot: "ParamSlot") -> tuple[int, torch.dtype, torch.device]:
+    param = slot.param
+    return slot.group, param.dtype, param.device
+
+
+def plan_buckets(slots: Sequence["ParamSlot"], fusion_bytes: float) -> list[list[int]]:
+    """Indices into ``slots`` of each bucket: consecutive runs of one kind (group, dtype, device)
+    holding at most ``fusion_bytes`` together, or a single larger parameter."""
+    plan: list[list[int]] = []
+    total = 0
+    for index, slot in enumerate(slots):
+        nbytes = slot.param.numel() * slot.param.element_size()
+        if plan and _kind(slots[plan[-1][-1]]) == _kind(slot) and total + nbytes <= fusion_bytes:
+            plan[-1].append(index)
+            total += nbytes
+        else:
+            plan.append([index])
+            total = nbytes
+    return plan
+
+
+def agree_on_buckets(backend: "Backend", slots: Sequence["ParamSlot"], fusion_bytes: float) -> list[Bucket]:
+    """Rank 0's buckets, on every rank (a collective: one all-gather of two integers per parameter).
+
+    Rank 0 plans in its own order; it sends, for each member in bucket order, the member's index
+    among the parameter names sorted (the same on every rank: construction checked that the names
+    match) and its bucket's number.
+    """
+    plan = plan_buckets(slots, fusion_bytes)
+    if backend.size == 1:
+        return [Bucket([slots[i] for i in members]) for members in plan]
+    by_name = sorted(range(len(slots)), key=lambda i: slots[i].name)
+    name_index = {slot_index: position for position, slot_index in enumerate(by_name)}
+    local = torch.tensor([value for number, members in enumerate(plan) for i in members
+                          for value in (name_index[i], number)], dtype=torch.int64)
+    rank0 = backend.all_gather(local)[0].view(-1, 2).tolist()
+    buckets: list[list["ParamSlot"]] = []
+    for position, number in rank0:
+        if number == len(buckets):
+            buckets.append([])
+        buckets[number].append(slots[by_name[position]])
+    return [Bucket(members) for members in buckets]
+
+
+def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The gradients' elements in one flat buffer (the gradient itself, flattened when it is
+    alone and contiguous: nothing is copied)."""
+    if len(grads) == 1:
+        grad = grads[0]
+        return grad.view(-1) if grad.is_contiguous() else grad.contiguous().view(-1)
+    return torch.cat([grad.reshape(-1) for grad in grads])
+
+
+def unpack(reduced: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
+    """Write each gradient's share of ``reduced`` back into it, unless it is that memory."""
+    offset = 0
+    for grad in grads:
+        count = grad.numel()
+        share = reduced[offset:offset + count]
+        if share.data_ptr() != grad.data_ptr():
+            grad.copy_(share.view(grad.shape))
+        offset += count
