@@ -82,16 +82,20 @@ def test_speedups_are_pairwise_per_round() -> None:
     assert p3.error == pytest.approx(0.5) and vanilla.error is None
 
 
-def test_merge_keeps_every_group_and_refuses_differently_scaled_models() -> None:
-    def part(scale: float, framework: str) -> dict:
-        return {"meta": {"command": framework}, "workloads": {"vgg16": {"size_scale": scale}},
-                "groups": [{"framework": framework}], "not_run": []}
+def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scaled_models() -> None:
+    def part(scale: float, command: str, *frameworks: str) -> dict:
+        return {"meta": {"command": command}, "workloads": {"vgg16": {"size_scale": scale}}, "not_run": [],
+                "groups": [{"framework": f, "model": "vgg16", "bits_per_second": 1e9, "ranks": 2, "run": command}
+                           for f in frameworks]}
 
-    merged = merge([part(0.1, "torch-horovod"), part(0.1, "mxnet-ps")])
-    assert [g["framework"] for g in merged["groups"]] == ["torch-horovod", "mxnet-ps"]
-    assert [m["command"] for m in merged["sources"]] == ["torch-horovod", "mxnet-ps"]
+    merged = merge([part(0.1, "first", "torch-horovod", "torch-distributed"), part(0.1, "second", "mxnet-ps"),
+                    part(0.1, "third", "torch-distributed")])
+    assert [(g["framework"], g["run"]) for g in merged["groups"]] == [
+        ("torch-horovod", "first"), ("torch-distributed", "third"), ("mxnet-ps", "second")]
+    assert [(s["group"]["run"], s["by"]) for s in merged["superseded"]] == [("first", "third")]
+    assert [m["command"] for m in merged["sources"]] == ["first", "second", "third"]
     with pytest.raises(ValueError, match="'vgg16' was scaled differently"):
-        merge([part(0.1, "torch-horovod"), part(0.2, "mxnet-ps")])
+        merge([part(0.1, "first", "torch-horovod"), part(0.2, "second", "mxnet-ps")])
 
 
 def test_worker_options_round_trip() -> None:

@@ -160,8 +160,9 @@ def targets(results: dict[str, Any]) -> list[str]:
 
 def _source(meta: dict[str, Any]) -> list[str]:
     load = meta.get("loadavg", {})
+    revision = f" at revision {meta['revision']}" if meta.get("revision") else ""
     return [f"    {meta['command']}", "",
-            f"started {meta['started']} on {meta['cpus']} cores, 1-minute load average {load.get('start', '?')} "
+            f"started {meta['started']}{revision} on {meta['cpus']} cores, 1-minute load average {load.get('start', '?')} "
             f"at the start and {load.get('end', '?')} at the end; {meta['repeats']} round(s) of {meta['steps']} "
             f"timed steps after {meta['warmup']} warm-up step(s); networks: {'; '.join(meta['networks'])} (simulated as "
             f"topology `{meta['sim_topology']}`; per-operation cost and bandwidth from each group's calibration where "
@@ -198,6 +199,9 @@ def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:
             lines.append(f"- Not measured: {group_title(group)} (the run was stopped before this group).")
     for item in results.get("not_run", []):
         lines.append(f"- Not run: `{item['config']}` on {item['framework']}: {item['reason']}")
+    for item in results.get("superseded", []):
+        lines.append(f"- Measured again: {group_title(item['group'])}; the table shows the later run, of "
+                     f"`{item['by']}` (the earlier one stays in its file).")
     lines += ["", "### Targets (from issue #8), as measured here", "", *targets(results), ""]
     for image in images:
         lines += [f"![{image.stem}]({image.relative_to(docs.parent).as_posix()})", ""]

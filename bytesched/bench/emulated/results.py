@@ -89,15 +89,26 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
     Their groups and skipped configurations are concatenated and each run's description kept in
     ``sources``; a model must have been scaled the same way in every file (ValueError if not),
-    since the report describes each workload once.
+    since the report describes each workload once. A cell (framework, model, bandwidth, ranks)
+    measured again by a later file is replaced by the later group, and listed in ``superseded``
+    (a cell is re-measured after a change that affects it; both stay on record in their files).
     """
-    merged: dict[str, Any] = {"format": FORMAT, "sources": [], "workloads": {}, "groups": [], "not_run": []}
+    merged: dict[str, Any] = {"format": FORMAT, "sources": [], "workloads": {}, "groups": [], "not_run": [],
+                              "superseded": []}
+    where: dict[tuple[Any, ...], int] = {}
     for part in parts:
         merged["sources"].append(part["meta"])
         for name, workload in part["workloads"].items():
             if merged["workloads"].setdefault(name, workload) != workload:
                 raise ValueError(f"model {name!r} was scaled differently in the files being merged "
                                  f"({merged['workloads'][name]} and {workload}); report them separately")
-        merged["groups"] += part["groups"]
+        for group in part["groups"]:
+            cell = (group["framework"], group["model"], group["bits_per_second"], group["ranks"])
+            if cell in where:
+                merged["superseded"].append({"group": merged["groups"][where[cell]], "by": part["meta"]["command"]})
+                merged["groups"][where[cell]] = group
+            else:
+                where[cell] = len(merged["groups"])
+                merged["groups"].append(group)
         merged["not_run"] += part["not_run"]
     return merged
