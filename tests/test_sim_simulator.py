@@ -3,6 +3,7 @@ the global barrier versus crossing it, and stalls reported instead of hanging.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -196,3 +197,35 @@ def test_a_scheduled_ps_job_is_laid_out_as_the_mxnet_plugin_lays_it_out() -> Non
     assert sent == sorted((plan.name, i, (b - a) * 4) for plan in plans for i, ((a, b), _) in enumerate(plan.pieces))
     vanilla = run(profile, cluster("ps", workers=2, servers=2), VANILLA, warmup=0, iterations=1, trace=True)
     assert vanilla.trace is not None and len(vanilla.trace.subtasks) == 4
+
+
+def test_a_fusing_plugin_sends_buckets_that_gate_every_layer_they_hold() -> None:
+    """With bucket_bytes (the PyTorch plugin's fusion) a scheduled all-reduce job sends runs of
+    consecutive tensors as one task, ready with its earliest layer; each layer's next forward
+    waits for the bucket holding its tensors. Many small tensors at a 1 ms per-message cost then
+    take fewer messages and less time; vanilla is unchanged."""
+    from bytesched.sim.simulator import fuse, tensor_plans
+    profile = ModelProfile("tiny", tuple(Layer(f"l{i}", 1e-3, 2e-3, (Tensor(f"w{i}", 40_000), Tensor(f"b{i}", 400)))
+                                         for i in range(6)), batch_size=1)
+    buckets = fuse(tensor_plans(profile, 4 * MB), 100_000)
+    assert [(b.name, b.layer, b.layers, b.nbytes, b.priority) for b in buckets] == [
+        ("w0+3", 0, (0, 1), 80_800, 0), ("w2+3", 2, (2, 3), 80_800, 4), ("w4+3", 4, (4, 5), 80_800, 8)]
+    assert [b.name for b in fuse(tensor_plans(profile, 4 * MB), 41_000)] == [f"w{i}+1" for i in range(6)]
+    assert len(fuse(tensor_plans(profile, 4 * MB), 1_000)) == 12  # every w is larger: alone, and so is each b
+    slow = Cluster(workers=2, arch="allreduce", bandwidth=1e9 / 8, overhead=1e-3, cycle_time=0.0)
+    fused = dataclasses.replace(slow, bucket_bytes=100_000)
+    alone, together = (run(profile, c, "bytescheduler", PARAMS, warmup=1, iterations=1, trace=True)
+                       for c in (slow, fused))
+    assert (alone.subtasks_per_iteration, together.subtasks_per_iteration) == (12, 3)
+    assert together.iteration_time < alone.iteration_time - 2e-3  # 22.1 -> 19.7 ms: 9 messages fewer, partly hidden
+    trace = together.trace
+    assert trace is not None
+    done = {}  # iteration 0: when each bucket finished
+    for sub in trace.subtasks:
+        if sub.task.instance == 0:
+            done[sub.task.name] = max(done.get(sub.task.name, 0.0), sub.t_finish)
+    forward = {layer: start for it, kind, layer, start, _ in trace.compute if kind == "forward" and it == 1}
+    for bucket in buckets:
+        for layer in bucket.gated_layers:
+            assert forward[layer] >= done[bucket.name] - 1e-12
+    assert run(profile, fused, VANILLA).iteration_time == run(profile, slow, VANILLA).iteration_time

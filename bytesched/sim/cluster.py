@@ -116,6 +116,9 @@ class Cluster:
         bigarray_bound: MXNet's ``MXNET_KVSTORE_BIGARRAY_BOUND`` in elements.
         fusion_threshold: Horovod tensor fusion buffer (vanilla all-reduce), bytes.
         cycle_time: Horovod background-loop cycle (vanilla all-reduce), seconds.
+        bucket_bytes: bytesched's tensor fusion in a scheduled all-reduce job (the PyTorch
+            plugin's ``BYTESCHED_FUSION_BYTES``): consecutive tensors share one task while they
+            hold at most this many bytes together; 0: one task per tensor (the MXNet plugins).
         worker_specs: rank -> :class:`WorkerSpec` for heterogeneous workers.
     """
 
@@ -131,6 +134,7 @@ class Cluster:
     bigarray_bound: int = 1_000_000
     fusion_threshold: float = 128 * 2**20
     cycle_time: float = 1e-3
+    bucket_bytes: float = 0.0
     worker_specs: tuple[tuple[int, WorkerSpec], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -152,8 +156,9 @@ class Cluster:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0")
-        if not self.fusion_threshold >= 0:
-            raise ConfigError(f"fusion_threshold={self.fusion_threshold!r} must be >= 0 bytes")
+        for name in ("fusion_threshold", "bucket_bytes"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0 bytes")
         if not isinstance(self.bigarray_bound, int) or self.bigarray_bound < 1:
             raise ConfigError(f"bigarray_bound={self.bigarray_bound!r} must be an integer >= 1 (elements)")
         seen = set()

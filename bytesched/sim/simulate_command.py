@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
     p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
+    p.add_argument("--bucket-bytes", help="bytesched's tensor fusion of scheduled all-reduce (the PyTorch "
+                   "plugin's BYTESCHED_FUSION_BYTES, e.g. 1MB; default: none, as the MXNet plugins)")
     p.add_argument("--policy", default=",".join(POLICIES),
                    help=f"comma-separated policies (default all: {','.join(POLICIES)}); vanilla always runs")
     p.add_argument("--partition", help="partition size, e.g. 4MB (default: each policy's own)")
@@ -63,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
             arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
             latency=args.latency, assignment=args.assignment, fusion_threshold=args.fusion_threshold,
-            cycle_time=args.cycle_time, worker_specs=args.worker or None)
+            cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes, worker_specs=args.worker or None)
     except (ConfigError, ProfileError, SimulationError, ValueError) as error:
         print(f"bytesched simulate: {error}", file=sys.stderr)
         return 2

@@ -118,6 +118,25 @@ def tensor_plans(profile: ModelProfile, partition_bytes: float,
     return plans
 
 
+def fuse(plans: Sequence[TensorPlan], bucket_bytes: float) -> list[TensorPlan]:
+    """The tasks of a job whose plugin fuses tensors (as the PyTorch plugin's buckets): runs of
+    consecutive tensors holding at most ``bucket_bytes`` together, a larger tensor alone. A
+    bucket is ready with its earliest layer's gradient and has its most urgent member's priority."""
+    runs: list[list[TensorPlan]] = []
+    total = 0
+    for plan in plans:
+        if runs and total + plan.nbytes <= bucket_bytes:
+            runs[-1].append(plan)
+            total += plan.nbytes
+        else:
+            runs.append([plan])
+            total = plan.nbytes
+    return [run[0] if len(run) == 1 else TensorPlan(
+        name=f"{run[0].name}+{len(run) - 1}", layer=min(p.layer for p in run), nbytes=sum(p.nbytes for p in run),
+        priority=min(p.priority for p in run), key_base=run[0].key_base, update=sum(p.update for p in run),
+        layers=tuple(sorted({p.layer for p in run}))) for run in runs]
+
+
 def make_fabric(cluster: Cluster, loop: EventLoop, classes: Sequence[tuple[WorkerSpec, list[int]]]) -> Fabric:
     """The cluster's network, one flow slot per class of identical workers."""
     multiplicity = [len(ranks) for _, ranks in classes]
@@ -172,6 +191,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     leader_policy = make_policy(policy_name, params)
     partition_bytes = leader_policy.partition_bytes()
     plans = tensor_plans(profile, partition_bytes, priorities)
+    if cluster.arch == "allreduce" and not vanilla and cluster.bucket_bytes > 0:
+        plans = fuse(plans, cluster.bucket_bytes)
 
     loop = EventLoop()
     classes = cluster.worker_classes()

@@ -45,6 +45,15 @@ class TensorPlan:
     """Its partitions as the MXNet plugin lays them out on a parameter server: element ranges
     in the plugin's order, each with its server (:func:`~bytesched.sim.ps.plugin_layout`).
     None: equal pieces of the policy's partition size, placed by the cluster's assignment."""
+    layers: tuple[int, ...] = ()
+    """A fusion bucket's (:func:`~bytesched.sim.simulator.fuse`): the layers of its tensors, whose
+    next forward passes all wait for it; ``layer`` is the earliest, whose backward makes it
+    ready. Empty for a single tensor (only ``layer``)."""
+
+    @property
+    def gated_layers(self) -> tuple[int, ...]:
+        """The layers whose next forward pass waits for this communication."""
+        return self.layers or (self.layer,)
 
 
 class SimCommTask(CommTask):
@@ -92,8 +101,11 @@ class WorkerClass:
         self.update = [layer.update * compute_scale if update_on_device else 0.0 for layer in layers]
         self.total_update = sum(self.update)
         self.tensors_of: list[list[TensorPlan]] = [[] for _ in layers]
+        self._gates = [0] * len(layers)  # per layer, the tasks its next forward pass waits for
         for plan in plans:
             self.tensors_of[plan.layer].append(plan)
+            for layer in plan.gated_layers:
+                self._gates[layer] += 1
         self.iteration = -1
         self.iteration_starts: list[float] = []
         self.backward_starts: list[float] = []
@@ -150,8 +162,7 @@ class WorkerClass:
         self.backward_starts.append(now)
         if self.on_backward_start is not None:
             self.on_backward_start(self.iteration)
-        counts = [len(plans) for plans in self.tensors_of]
-        self._unfinished[self.iteration] = counts
+        self._unfinished[self.iteration] = list(self._gates)
         self._tasks = []
         for layer in range(len(self.tensors_of) - 1, -1, -1):
             tasks = [SimCommTask(plan, self) for plan in self.tensors_of[layer]]
@@ -183,7 +194,8 @@ class WorkerClass:
     def communicated(self, task: SimCommTask) -> None:
         """Every sub-task of ``task`` finished: its layer may be one step closer to its gate."""
         counts = self._unfinished[task.iteration]
-        counts[task.plan.layer] -= 1
+        for layer in task.plan.gated_layers:
+            counts[layer] -= 1
         self._check_gate(task.iteration)
 
     def _check_gate(self, iteration: int) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from ...core.config import SchedulingParams
+from ...core.config import SchedulingParams, from_env
 from ...sim.predict import simulate
 from ...sim.simulator import VANILLA
 from ...sim.profile import ModelProfile
@@ -47,6 +47,8 @@ def cluster_options(group: Group, topology: str, calibration: Calibration | None
                                "bandwidth": group.bits_per_second / 8, "topology": topology}
     if group.framework.arch == "ps":
         options["servers"] = group.ranks
+    if group.framework.fuses:
+        options["bucket_bytes"] = from_env().fusion_bytes
     if calibration is not None:
         options.update(calibration.simulator_options(group.framework.arch, group.ranks, scheduled))
     return options
