@@ -83,17 +83,19 @@ def test_speedups_are_pairwise_per_round() -> None:
 
 
 def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scaled_models() -> None:
-    def part(scale: float, command: str, *frameworks: str) -> dict:
+    def part(scale: float, command: str, *frameworks: str, configs: tuple[str, ...] = ("vanilla", "off")) -> dict:
         return {"meta": {"command": command}, "workloads": {"vgg16": {"size_scale": scale}}, "not_run": [],
-                "groups": [{"framework": f, "model": "vgg16", "bits_per_second": 1e9, "ranks": 2, "run": command}
-                           for f in frameworks]}
+                "groups": [{"framework": f, "model": "vgg16", "bits_per_second": 1e9, "ranks": 2, "run": command,
+                            "configs": list(configs)} for f in frameworks]}
 
     merged = merge([part(0.1, "first", "torch-horovod", "torch-distributed"), part(0.1, "second", "mxnet-ps"),
-                    part(0.1, "third", "torch-distributed")])
-    assert [(g["framework"], g["run"]) for g in merged["groups"]] == [
-        ("torch-horovod", "first"), ("torch-distributed", "third"), ("mxnet-ps", "second")]
+                    part(0.1, "policies", "torch-distributed", configs=("vanilla", "p3")),
+                    part(0.1, "third", "torch-distributed", configs=("vanilla", "off", "fifo"))])
+    assert [(g["framework"], g["run"]) for g in merged["groups"]] == [  # the policies group is not replaced
+        ("torch-horovod", "first"), ("torch-distributed", "third"), ("mxnet-ps", "second"),
+        ("torch-distributed", "policies")]
     assert [(s["group"]["run"], s["by"]) for s in merged["superseded"]] == [("first", "third")]
-    assert [m["command"] for m in merged["sources"]] == ["first", "second", "third"]
+    assert [m["command"] for m in merged["sources"]] == ["first", "second", "policies", "third"]
     with pytest.raises(ValueError, match="'vgg16' was scaled differently"):
         merge([part(0.1, "first", "torch-horovod"), part(0.2, "second", "mxnet-ps")])
 

@@ -90,12 +90,13 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     Their groups and skipped configurations are concatenated and each run's description kept in
     ``sources``; a model must have been scaled the same way in every file (ValueError if not),
     since the report describes each workload once. A cell (framework, model, bandwidth, ranks)
-    measured again by a later file is replaced by the later group, and listed in ``superseded``
-    (a cell is re-measured after a change that affects it; both stay on record in their files).
+    measured again by a later file, with every configuration the earlier group had, is replaced
+    by the later group and listed in ``superseded`` (a cell is re-measured after a change that
+    affects it; both stay on record in their files). Groups of one cell with other
+    configurations (e.g. the policies measured apart) are all kept.
     """
     merged: dict[str, Any] = {"format": FORMAT, "sources": [], "workloads": {}, "groups": [], "not_run": [],
                               "superseded": []}
-    where: dict[tuple[Any, ...], int] = {}
     for part in parts:
         merged["sources"].append(part["meta"])
         for name, workload in part["workloads"].items():
@@ -103,12 +104,18 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"model {name!r} was scaled differently in the files being merged "
                                  f"({merged['workloads'][name]} and {workload}); report them separately")
         for group in part["groups"]:
-            cell = (group["framework"], group["model"], group["bits_per_second"], group["ranks"])
-            if cell in where:
-                merged["superseded"].append({"group": merged["groups"][where[cell]], "by": part["meta"]["command"]})
-                merged["groups"][where[cell]] = group
-            else:
-                where[cell] = len(merged["groups"])
+            earlier = next((i for i, old in enumerate(merged["groups"]) if _replaces(group, old)), None)
+            if earlier is None:
                 merged["groups"].append(group)
+            else:
+                merged["superseded"].append({"group": merged["groups"][earlier], "by": part["meta"]["command"]})
+                merged["groups"][earlier] = group
         merged["not_run"] += part["not_run"]
     return merged
+
+
+def _replaces(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
+    """``later`` measured ``earlier``'s cell again, with every configuration it had."""
+    cell = ("framework", "model", "bits_per_second", "ranks")
+    return (all(later[k] == earlier[k] for k in cell)
+            and set(earlier.get("configs", ())) <= set(later.get("configs", ())))
