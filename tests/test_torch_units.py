@@ -240,19 +240,26 @@ def test_gradients_reduced_before_step_are_applied_in_one_optimizer_call(one_ran
     apply_update = opt._pipeline._apply_update
     opt._pipeline._apply_update = lambda params, grads, hparams: (calls.append(len(params)),
                                                                  apply_update(params, grads, hparams))
+    train_side_by_side(reference, ref_opt, model, opt, synchronize_first=True)  # all reduced before step()
+    assert calls == [12, 12, 12]
+
+
+def train_side_by_side(reference: nn.Module, ref_opt: torch.optim.Optimizer, model: nn.Module,
+                       opt: ScheduledOptimizer, synchronize_first: bool = False) -> None:
+    """Three steps on the same data with the plain and the scheduled optimizer (``opt`` is closed
+    after); both models must then hold the same bits (one rank: the average is the gradient)."""
     try:
         x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
         for _ in range(3):
             for net, optimizer in ((reference, ref_opt), (model, opt)):
                 optimizer.zero_grad()
                 net(x).square().sum().backward()
-                if optimizer is opt:
-                    opt.synchronize()  # every all-reduce is done before step()
+                if synchronize_first and optimizer is opt:
+                    opt.synchronize()
                 optimizer.step()
         opt.synchronize()
     finally:
         opt.close()  # conftest stops the process's Core after the module
-    assert calls == [12, 12, 12]
     for a, b in zip(reference.parameters(), model.parameters()):
         assert torch.equal(a, b)
 
@@ -301,16 +308,5 @@ def test_fused_gradients_cost_one_collective_per_bucket_and_train_bit_for_bit(on
     all_reduce = dist.all_reduce
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, **kw: (reduced.append(tensor.numel()),
                                                                   all_reduce(tensor, **kw))[1])
-    try:
-        x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
-        for _ in range(3):
-            for net, optimizer in ((reference, ref_opt), (model, opt)):
-                optimizer.zero_grad()
-                net(x).square().sum().backward()
-                optimizer.step()
-        opt.synchronize()
-    finally:
-        opt.close()
+    train_side_by_side(reference, ref_opt, model, opt)
     assert sorted(reduced) == sorted([60, 30, 60, 30] * 3)
-    for a, b in zip(reference.parameters(), model.parameters()):
-        assert torch.equal(a, b)

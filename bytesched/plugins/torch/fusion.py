@@ -2,7 +2,7 @@
 
 Every collective pays a fixed cost (a Gloo round trip, a rank-0 order announcement, the Core's
 events), about 1.6 ms on this machine's emulated 1 Gbit/s network against 0.2 ms of payload for a
-25 KB bias. A Transformer's 188 tensors therefore doubled its step against DDP, whose buckets pay
+25 KB tensor. A Transformer's 188 tensors therefore doubled its step against DDP, whose buckets pay
 that cost a few times per step. A bucket is a run of parameters, consecutive in the optimizer's
 order (the reverse of which is the order backward produces them for most models), of one group,
 dtype and device, holding at most ``fusion_bytes`` together; a larger parameter is a bucket alone.
