@@ -4,10 +4,10 @@ Core thread, configuration, the rank-0 channel and the timeline. Imports no fram
 from .config import Config, ConfigError, SchedulingParams, UNLIMITED, from_env, parse_size
 from .core import Core, CoreShutdownError, get_core, init, shutdown
 from .scheduler import Scheduler, SchedulingError, Stats
-from .task import CommTask, SubTask, split_elements
+from .task import CommTask, SubTask, fusion_runs, split_elements
 
 __all__ = [
     "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "from_env", "parse_size",
     "Core", "CoreShutdownError", "get_core", "init", "shutdown",
-    "Scheduler", "SchedulingError", "Stats", "CommTask", "SubTask", "split_elements",
+    "Scheduler", "SchedulingError", "Stats", "CommTask", "SubTask", "fusion_runs", "split_elements",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 if TYPE_CHECKING:  # the runtime Core imports this module, not the other way round
     from .core import Core
@@ -170,3 +170,24 @@ def split_elements(numel: int, itemsize: int, size: float) -> list[tuple[int, in
         ranges.append((start, stop))
         start = stop
     return ranges
+
+
+def fusion_runs(sizes: Sequence[int], bound: float, kinds: Sequence[Hashable] | None = None) -> list[list[int]]:
+    """Indices of runs of consecutive items (of one kind, if ``kinds`` is given) holding at most
+    ``bound`` bytes together; an item larger than ``bound`` is a run alone.
+
+    The one rule of tensor fusion: the PyTorch plugin's buckets are these runs of its
+    parameters, and the simulator models them with the same function.
+    """
+    runs: list[list[int]] = []
+    total = 0
+    for index, nbytes in enumerate(sizes):
+        same_kind = kinds is None or (bool(runs) and kinds[runs[-1][-1]] == kinds[index])
+        if runs and same_kind and total + nbytes <= bound:
+            runs[-1].append(index)
+            total += nbytes
+        else:
+            runs.append([index])
+            total = nbytes
+    return runs
+

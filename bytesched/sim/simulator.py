@@ -24,7 +24,7 @@ from ..core.config import SchedulingParams
 from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
 from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
 from ..core.scheduler import Scheduler
-from ..core.task import SubTask, split_elements
+from ..core.task import SubTask, fusion_runs, split_elements
 from .allreduce import RingAllreduce
 from .cluster import Cluster, WorkerSpec
 from .engine import EventLoop
@@ -122,15 +122,7 @@ def fuse(plans: Sequence[TensorPlan], bucket_bytes: float) -> list[TensorPlan]:
     """The tasks of a job whose plugin fuses tensors (as the PyTorch plugin's buckets): runs of
     consecutive tensors holding at most ``bucket_bytes`` together, a larger tensor alone. A
     bucket is ready with its earliest layer's gradient and has its most urgent member's priority."""
-    runs: list[list[TensorPlan]] = []
-    total = 0
-    for plan in plans:
-        if runs and total + plan.nbytes <= bucket_bytes:
-            runs[-1].append(plan)
-            total += plan.nbytes
-        else:
-            runs.append([plan])
-            total = plan.nbytes
+    runs = [[plans[i] for i in run] for run in fusion_runs([plan.nbytes for plan in plans], bucket_bytes)]
     return [run[0] if len(run) == 1 else TensorPlan(
         name=f"{run[0].name}+{len(run) - 1}", layer=min(p.layer for p in run), nbytes=sum(p.nbytes for p in run),
         priority=min(p.priority for p in run), key_base=run[0].key_base, update=sum(p.update for p in run),

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from bytesched.core import fusion_runs
+
 if TYPE_CHECKING:
     from .backend import Backend
     from .pipeline import ParamSlot
@@ -60,25 +62,11 @@ class Bucket:
         return f"Bucket({self.name!r}, {len(self.slots)} parameters)"
 
 
-def _kind(slot: "ParamSlot") -> tuple[int, torch.dtype, torch.device]:
-    param = slot.param
-    return slot.group, param.dtype, param.device
-
-
 def plan_buckets(slots: Sequence["ParamSlot"], fusion_bytes: float) -> list[list[int]]:
     """Indices into ``slots`` of each bucket: consecutive runs of one kind (group, dtype, device)
     holding at most ``fusion_bytes`` together, or a single larger parameter."""
-    plan: list[list[int]] = []
-    total = 0
-    for index, slot in enumerate(slots):
-        nbytes = slot.param.numel() * slot.param.element_size()
-        if plan and _kind(slots[plan[-1][-1]]) == _kind(slot) and total + nbytes <= fusion_bytes:
-            plan[-1].append(index)
-            total += nbytes
-        else:
-            plan.append([index])
-            total = nbytes
-    return plan
+    return fusion_runs([slot.param.numel() * slot.param.element_size() for slot in slots], fusion_bytes,
+                       [(slot.group, slot.param.dtype, slot.param.device) for slot in slots])
 
 
 def agree_on_buckets(backend: "Backend", slots: Sequence["ParamSlot"], fusion_bytes: float) -> list[Bucket]:
