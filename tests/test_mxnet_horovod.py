@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,21 +15,30 @@ from conftest import SCRIPTS, require, require_executable, run_job
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
-def test_scheduled_optimizer_equals_plain_horovod() -> None:
-    """Each rank trains the same Gluon MLP twice, through hvd.DistributedOptimizer and through
+def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
+    """Each rank trains the same Gluon MLP twice per optimizer (SGD with momentum, Adam), through hvd.DistributedOptimizer and through
     ScheduledOptimizer(hvd.DistributedOptimizer(...)) with partitions that split the weight
-    matrices and a credit of three partitions; the weights must be identical."""
+    matrices, a credit of three partitions and a fusion size that puts the second layer's
+    two tensors in one bucket (split as well); the weights must be identical."""
     require("horovod.mxnet", "Horovod built with MXNet")
     horovodrun = require_executable("horovodrun")
 
     result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
                       sys.executable, SCRIPTS / "mxnet_hvd.py"],
                      timeout=120, env={**os.environ, "BYTESCHED_PARTITION_BYTES": "1000",
-                                       "BYTESCHED_CREDIT_BYTES": "3000"})
+                                       "BYTESCHED_CREDIT_BYTES": "3000",
+                                       "BYTESCHED_FUSION_BYTES": "2500",
+                                       "BYTESCHED_TIMELINE": str(tmp_path / "tl.json")})
 
     assert result.returncode == 0, result.stdout[-4000:]
     verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+)", result.stdout)
     assert sorted(rank for _, rank, _ in verdicts) == ["0", "1"], result.stdout[-4000:]
     assert {verdict for verdict, _, _ in verdicts} == {"EQUAL"}, result.stdout[-4000:]
-    # 11 partitions per step (the 48x32 matrix alone is 7) over 12 steps
-    assert {int(n) for _, _, n in verdicts} == {11 * 12}
+    # Gluon's order: bias, weight per layer. Per step, the 48 bias (192 bytes; the next tensor
+    # does not fit with it) in 1 partition, the 48x32 matrix (6144 bytes) in 7, and the bucket
+    # of the 10 bias and the 10x48 matrix (1960 bytes) in 2; over 12 steps, twice
+    assert {int(n) for _, _, n in verdicts} == {(1 + 7 + 2) * 12 * 2}
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"tl.{rank}.json").read_text())
+        tensors = {e["args"]["tensor"] for e in events if e["name"] == "in flight"}
+        assert tensors == {"allreduce:0", "allreduce:1", "allreduce:2+1"}

@@ -212,7 +212,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_CREDIT_BYTES", "params.credit_bytes", _size, "16MB",
              "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
-             "Tensor fusion (PyTorch plugin): gradients of consecutive parameters are all-reduced as one "
+             "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are all-reduced as one "
              "task while they hold at most this many bytes together (1 switches fusion off)."),
     Variable("BYTESCHED_POLICY", "policy", _choice(POLICIES), "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + "."),

@@ -176,8 +176,8 @@ def fusion_runs(sizes: Sequence[int], bound: float, kinds: Sequence[Hashable] | 
     """Indices of runs of consecutive items (of one kind, if ``kinds`` is given) holding at most
     ``bound`` bytes together; an item larger than ``bound`` is a run alone.
 
-    The one rule of tensor fusion: the PyTorch plugin's buckets are these runs of its
-    parameters, and the simulator models them with the same function.
+    The one rule of tensor fusion: the buckets of the PyTorch plugin and of MXNet over Horovod
+    are these runs of their parameters, and the simulator models them with the same function.
     """
     runs: list[list[int]] = []
     total = 0

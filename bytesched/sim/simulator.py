@@ -119,9 +119,10 @@ def tensor_plans(profile: ModelProfile, partition_bytes: float,
 
 
 def fuse(plans: Sequence[TensorPlan], bucket_bytes: float) -> list[TensorPlan]:
-    """The tasks of a job whose plugin fuses tensors (as the PyTorch plugin's buckets): runs of
-    consecutive tensors holding at most ``bucket_bytes`` together, a larger tensor alone. A
-    bucket is ready with its earliest layer's gradient and has its most urgent member's priority."""
+    """The tasks of a job whose plugin fuses tensors (the PyTorch plugin's and MXNet over
+    Horovod's buckets): runs of consecutive tensors holding at most ``bucket_bytes`` together, a
+    larger tensor alone. A bucket is ready with its earliest layer's gradient and has its most
+    urgent member's priority."""
     runs = [[plans[i] for i in run] for run in fusion_runs([plan.nbytes for plan in plans], bucket_bytes)]
     return [run[0] if len(run) == 1 else TensorPlan(
         name=f"{run[0].name}+{len(run) - 1}", layer=min(p.layer for p in run), nbytes=sum(p.nbytes for p in run),

@@ -1,8 +1,9 @@
 """A rank of the MXNet-over-Horovod test: the same Gluon training through plain
 ``horovod.mxnet.DistributedOptimizer`` and through ScheduledOptimizer, compared bit for bit.
 
-Run under ``horovodrun -np 2 --gloo``. Each rank trains on its own data; prints
-``HVD MXNET EQUAL rank=R subtasks=N`` when both runs end with identical weights, or
+Run under ``horovodrun -np 2 --gloo``. Each rank trains on its own data, once with SGD with
+momentum (which MXNet updates four tensors per call) and once with Adam (one per call); prints
+``HVD MXNET EQUAL rank=R subtasks=N`` when every pair of runs ends with identical weights, or
 ``HVD MXNET DIFFER ...``.
 """
 
@@ -16,14 +17,18 @@ from mxnet import autograd, gluon
 STEPS = 12
 
 
-def train(scheduled: bool) -> list[np.ndarray]:
+OPTIMIZERS = {"sgd": {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3},
+              "adam": {"learning_rate": 0.01, "wd": 1e-3}}
+
+
+def train(scheduled: bool, optimizer: str) -> list[np.ndarray]:
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(48, activation="relu", in_units=32), gluon.nn.Dense(10, in_units=48))
     mx.random.seed(3)
     net.initialize(mx.init.Xavier())
     params = net.collect_params()
     hvd.broadcast_parameters(params, root_rank=0)
-    opt = hvd.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=0.05, momentum=0.9, wd=1e-3))
+    opt = hvd.DistributedOptimizer(mx.optimizer.create(optimizer, **OPTIMIZERS[optimizer]))
     if scheduled:
         from bytesched.plugins.mxnet import ScheduledOptimizer
         opt = ScheduledOptimizer(opt)
@@ -42,12 +47,12 @@ def train(scheduled: bool) -> list[np.ndarray]:
 
 def main() -> None:
     hvd.init()
-    plain = train(scheduled=False)
-    scheduled = train(scheduled=True)
+    pairs = [(a, b) for name in OPTIMIZERS
+             for a, b in zip(train(scheduled=False, optimizer=name), train(scheduled=True, optimizer=name))]
     from bytesched.core import get_core
     subtasks = get_core().take_stats().subtasks_started
-    worst = max(float(np.abs(a - b).max()) for a, b in zip(plain, scheduled))
-    verdict = "EQUAL" if all(np.array_equal(a, b) for a, b in zip(plain, scheduled)) else "DIFFER"
+    worst = max(float(np.abs(a - b).max()) for a, b in pairs)
+    verdict = "EQUAL" if all(np.array_equal(a, b) for a, b in pairs) else "DIFFER"
     print(f"HVD MXNET {verdict} rank={hvd.rank()} subtasks={subtasks} max_abs_diff={worst}", flush=True)
 
 

@@ -35,8 +35,8 @@ class Framework:
     configurations: tuple[str, ...]
     """The configurations that make sense on this stack."""
     fuses: bool = False
-    """bytesched's plugin on this stack fuses small tensors into buckets (the PyTorch plugin's
-    ``BYTESCHED_FUSION_BYTES``), which the simulator then models."""
+    """bytesched's plugin on this stack fuses small tensors into buckets (``BYTESCHED_FUSION_BYTES``,
+    the PyTorch plugin and MXNet over Horovod), which the simulator then models."""
 
 
 _ALLREDUCE = ("vanilla", "bytescheduler", "bytescheduler-fit", "bytescheduler-sim", "tuned", "off", "fifo", "p3",
@@ -47,7 +47,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-distributed", "torch_worker", "torch", "torchrun", "allreduce", False, _ALLREDUCE, fuses=True),
     Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True, _ALLREDUCE),
     Framework("mxnet-horovod", "mxnet_worker", "horovod", "horovod", "allreduce", True,
-              ("vanilla", "autotune", *_ALLREDUCE[1:])),
+              ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
 )}
 
 

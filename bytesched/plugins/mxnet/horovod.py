@@ -9,25 +9,28 @@ Launched with ``horovodrun``. Horovod's DistributedOptimizer all-reduces each gr
 ``update`` and then updates; this wrapper replaces the all-reduce with a :class:`ProxiedTask`
 (partitioned, released by the Core under the credit window, each partition an in-place
 ``horovod.mxnet.allreduce_`` on an avatar) and then runs the same inner update, which the engine
-orders after the all-reduce. Ranks run the Core in ``immediate`` order: Horovod starts a
-collective only once every rank submitted it, so rank 0's release order becomes the global one.
-Everything else (attributes, learning rate, states) is Horovod's optimizer's, as with Horovod.
+orders after the all-reduce. Small gradients of one update call are fused into buckets
+(:mod:`.fusion`, ``BYTESCHED_FUSION_BYTES``). Ranks run the Core in ``immediate`` order: Horovod
+starts a collective only once every rank submitted it, so rank 0's release order becomes the
+global one. Everything else (learning rate, states) is Horovod's optimizer's, as with Horovod.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, Sequence
 
 import horovod.mxnet as hvd
 import mxnet as mx
 import numpy as np
 
 from bytesched import core as bcore
-from bytesched.core import Config, SchedulingParams, split_elements
+from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import configure_logging, from_env
 from bytesched.core.policies import make_policy
 from bytesched.core.timeline import open_timeline
 
+from .fusion import Bucket
 from .proxies import events
 from .task import Avatars, ProxiedTask
 
@@ -57,12 +60,20 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                 timeline=open_timeline(self._config, rank=hvd.rank(), world_size=hvd.size()))
         self._events = events()
         self._partition_bytes = make_policy(self._config.policy, self._config.params).partition_bytes()
-        self._avatars: dict[int, Avatars] = {}
+        self._avatars: dict[str, Avatars] = {}
+        self._buckets: dict[int, Bucket] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_hvd" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self._hvd, name)
+
+    @property
+    def aggregate_num(self) -> int:
+        """Unbounded, so that Gluon's Updater passes every gradient of one dtype to one
+        :meth:`update` call: fusion needs the neighbours of a gradient at hand. The wrapped
+        optimizer still sees the groups it declared (:meth:`_update`)."""
+        return sys.maxsize
 
     def set_params(self, params: SchedulingParams) -> None:
         """New partition and credit sizes, from the next all-reduce on (call it at the same step
@@ -79,12 +90,10 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         return self._hvd.create_state_multi_precision(index, weight)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        self._allreduce(index, grad)
-        self._hvd._optimizer.update(index, weight, grad, state)
+        self._update(index, weight, grad, state, multi_precision=False)
 
     def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        self._allreduce(index, grad)
-        self._hvd._optimizer.update_multi_precision(index, weight, grad, state)
+        self._update(index, weight, grad, state, multi_precision=True)
 
     def set_learning_rate(self, lr: float) -> None:
         self._hvd.set_learning_rate(lr)
@@ -95,29 +104,61 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
     def set_wd_mult(self, args_wd_mult: dict) -> None:
         self._hvd.set_wd_mult(args_wd_mult)
 
+    def _update(self, index: Any, weight: Any, grad: Any, state: Any, multi_precision: bool) -> None:
+        """All-reduce, then the wrapped optimizer's update, called with the groups Gluon's Updater
+        would have given it (chunks of its ``aggregate_num``, or one index at a time), so the
+        update arithmetic is plain Horovod's."""
+        inner = self._hvd._optimizer
+        apply = inner.update_multi_precision if multi_precision else inner.update
+        if not isinstance(index, (list, tuple)):
+            self._allreduce([index], [grad])
+            apply(index, weight, grad, state)
+            return
+        self._allreduce(index, grad)
+        if inner.aggregate_num <= 0:
+            for args in zip(index, weight, grad, state):
+                apply(*args)
+            return
+        for start in range(0, len(index), inner.aggregate_num):
+            chunk = slice(start, start + inner.aggregate_num)
+            apply(list(index[chunk]), list(weight[chunk]), list(grad[chunk]), list(state[chunk]))
+
     # -- the scheduled all-reduce -------------------------------------------------------------
-    def _allreduce(self, index: Any, grad: Any) -> None:
+    def _allreduce(self, indices: Sequence[Any], grads: Sequence[mx.nd.NDArray]) -> None:
         process_set = self._hvd._process_set
         if process_set.size() == 1 or not process_set.included():
             return
-        pairs = zip(index, grad) if isinstance(index, (list, tuple)) else [(index, grad)]
-        for i, g in pairs:
-            self._submit(int(i), g)
+        sizes = [g.size * np.dtype(g.dtype).itemsize for g in grads]
+        kinds = [(np.dtype(g.dtype).name, g.context) for g in grads]
+        for run in fusion_runs(sizes, self._config.fusion_bytes, kinds):
+            members = [int(indices[j]) for j in run]
+            if len(run) == 1:
+                self._submit(str(members[0]), members[0], grads[run[0]])
+                continue
+            member_grads = [grads[j] for j in run]
+            bucket = self._buckets.get(members[0])
+            if bucket is None or not bucket.matches(members, member_grads):
+                bucket = self._buckets[members[0]] = Bucket(members, member_grads)
+            bucket.pack(member_grads)
+            self._submit(bucket.name, members[0], bucket.buffer)
+            bucket.unpack(member_grads)
 
-    def _submit(self, index: int, grad: mx.nd.NDArray) -> None:
+    def _submit(self, name: str, index: int, grad: mx.nd.NDArray) -> None:
+        """All-reduce ``grad`` (a gradient, or a bucket's buffer) as one ProxiedTask at the
+        priority of Trainer index ``index``."""
         itemsize = np.dtype(grad.dtype).itemsize
         ranges = split_elements(grad.size, itemsize, self._partition_bytes)
-        avatars = self._avatars.get(index)
+        avatars = self._avatars.get(name)
         if avatars is None or not avatars.matches([grad], ranges):
-            avatars = self._avatars[index] = Avatars(self._events.library, [grad], ranges)
-        task = ProxiedTask(f"allreduce:{index}", index, ranges, itemsize, self._events)
+            avatars = self._avatars[name] = Avatars(self._events.library, [grad], ranges)
+        task = ProxiedTask(f"allreduce:{name}", index, ranges, itemsize, self._events)
         self._core.enqueue(task)
         opt = self._hvd
 
         def communicate() -> None:
             for part, (tensor,) in enumerate(avatars.parts):
                 hvd.allreduce_(tensor, average=not opt._average_in_framework,
-                               name=f"bytesched.{index}.{part}", priority=-index,
+                               name=f"bytesched.{name}.{part}", priority=-index,
                                prescale_factor=1.0 / opt._gradient_predivide_factor,
                                postscale_factor=opt._postscale_factor, process_set=opt._process_set)
 
