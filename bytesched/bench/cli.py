@@ -16,6 +16,7 @@ BENCHMARKS: tuple[str, ...] = (
     "bytesched.sim.benchmark",
     "bytesched.bench.emulated",
     "bytesched.bench.soak",
+    "bytesched.bench.overhead",
 )
 
 

@@ -168,16 +168,12 @@ def launch(name: str, worker_args: list[str], ranks: int, *, env: dict[str, str]
            echo: Callable[[str], None]) -> Run:
     """Run the worker under horovodrun, reading its output as it comes; end the job after
     ``timeout`` seconds (a deadlock) or if interrupted."""
-    horovodrun = shutil.which("horovodrun", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    if horovodrun is None:
-        raise SystemExit("bytesched bench soak: horovodrun not found (pip install horovod with PyTorch and Gloo)")
-    argv = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
-            sys.executable, "-m", "bytesched.bench.soak", *worker_args]
+    argv = horovodrun_argv(ranks, "bytesched.bench.soak", worker_args)
     run = Run(name)
     began = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # Ctrl-C of the driver reaches it too
-    timer = threading.Timer(timeout, lambda: (setattr(run, "hung", True), _end_job(proc)))
+    timer = threading.Timer(timeout, lambda: (setattr(run, "hung", True), end_job(proc)))
     timer.start()
     try:
         assert proc.stdout is not None
@@ -195,12 +191,22 @@ def launch(name: str, worker_args: list[str], ranks: int, *, env: dict[str, str]
     finally:
         timer.cancel()
         if proc.poll() is None:
-            _end_job(proc)
+            end_job(proc)
     run.wall_seconds = time.monotonic() - began
     return run
 
 
-def _end_job(proc: subprocess.Popen[str]) -> None:
+def horovodrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
+    """The command that runs ``python -m module worker_args`` on ``ranks`` local Gloo ranks, with
+    the horovodrun next to this interpreter (a venv's) or on PATH."""
+    horovodrun = shutil.which("horovodrun", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if horovodrun is None:
+        raise SystemExit("horovodrun not found (pip install horovod with PyTorch and Gloo)")
+    return [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable, "-m", module,
+            *worker_args]
+
+
+def end_job(proc: subprocess.Popen[str]) -> None:
     """End horovodrun and its ranks. The ranks run in process groups of their own, so killing
     horovodrun's group would orphan them: SIGINT lets horovodrun end them, SIGKILL the rest."""
     import psutil

@@ -139,9 +139,9 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             bucket = self._buckets.get(members[0])
             if bucket is None or not bucket.matches(members, member_grads):
                 bucket = self._buckets[members[0]] = Bucket(members, member_grads)
-            bucket.pack(member_grads)
+            bucket.pack()
             self._submit(bucket.name, members[0], bucket.buffer)
-            bucket.unpack(member_grads)
+            bucket.unpack()
 
     def _submit(self, name: str, index: int, grad: mx.nd.NDArray) -> None:
         """All-reduce ``grad`` (a gradient, or a bucket's buffer) as one ProxiedTask at the

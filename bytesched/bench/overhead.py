@@ -1,0 +1,200 @@
+"""``bytesched bench overhead``: what bytesched costs per tensor, with and without tensor fusion.
+
+A model of many small tensors (``--layers`` dense layers of ``--width`` x ``--width``: two tensors
+each) and almost no compute is trained on 2 Horovod ranks over the unshaped loopback, so the step
+time is the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. Each
+round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer alone),
+``unfused`` (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor) and ``fused``
+(bytesched's default fusion). Reported per framework and mode: the median over rounds of each
+job's milliseconds per step, and the difference to ``plain`` per tensor. The emulated-network
+benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
+this one shows nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .soak import end_job, horovodrun_argv
+
+FRAMEWORKS = ("mxnet", "torch")
+MODES = {"plain": None, "unfused": "1", "fused": None}
+"""Each mode and the ``BYTESCHED_FUSION_BYTES`` its job runs with (None: as the environment says)."""
+RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+)")
+JOB_TIMEOUT_S = 300.0
+
+
+# -- the worker (one rank) --------------------------------------------------------------------
+
+def _mxnet_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
+    """Seconds of ``steps`` training steps of the MXNet model after ``warmup`` more."""
+    import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults)
+    import horovod.mxnet as hvd
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    hvd.init()
+    net = gluon.nn.HybridSequential()
+    for _ in range(layers):
+        net.add(gluon.nn.Dense(width, in_units=width))
+    net.initialize(mx.init.Xavier())
+    params = net.collect_params()
+    hvd.broadcast_parameters(params, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=1e-3))
+    if scheduled:
+        from bytesched.plugins.mxnet import ScheduledOptimizer
+        optimizer = ScheduledOptimizer(optimizer)
+    trainer = gluon.Trainer(params, optimizer, kvstore=None)
+    x = mx.nd.ones((8, width))
+    for step in range(warmup + steps):
+        if step == warmup:
+            mx.nd.waitall()
+            began = time.perf_counter()
+        with autograd.record():
+            loss = net(x).sum()
+        loss.backward()
+        trainer.step(8)
+    mx.nd.waitall()
+    return time.perf_counter() - began
+
+
+def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
+    """Seconds of ``steps`` training steps of the PyTorch model after ``warmup`` more."""
+    import horovod.torch as hvd
+    import torch
+    from torch import nn
+
+    hvd.init()
+    torch.set_num_threads(1)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
+                                         named_parameters=model.named_parameters())
+    if scheduled:
+        from bytesched.plugins.torch import ScheduledOptimizer
+        optimizer = ScheduledOptimizer(model, optimizer)
+    x = torch.ones(8, width)
+    for step in range(warmup + steps):
+        if step == warmup:
+            if scheduled:
+                optimizer.synchronize()
+            began = time.perf_counter()
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    if scheduled:
+        optimizer.synchronize()
+    return time.perf_counter() - began
+
+
+def _worker_main() -> int:
+    parser = argparse.ArgumentParser(description="one rank of bytesched bench overhead (run by horovodrun)")
+    parser.add_argument("framework", choices=FRAMEWORKS)
+    parser.add_argument("mode", choices=tuple(MODES))
+    for name in ("layers", "width", "steps", "warmup"):
+        parser.add_argument(f"--{name}", type=int, required=True)
+    args = parser.parse_args()
+    run = _mxnet_steps if args.framework == "mxnet" else _torch_steps
+    seconds = run(args.mode != "plain", args.layers, args.width, args.steps, args.warmup)
+    if os.environ.get("HOROVOD_RANK", "0") == "0":
+        print(f"OVERHEAD ms_per_step={seconds / args.steps * 1e3:.3f}", flush=True)
+    return 0
+
+
+# -- the driver -------------------------------------------------------------------------------
+
+def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
+    """One 2-rank job; its milliseconds per step (SystemExit naming the job if it failed)."""
+    argv = horovodrun_argv(2, "bytesched.bench.overhead",
+                           [framework, mode, "--layers", str(args.layers), "--width", str(args.width),
+                            "--steps", str(args.steps), "--warmup", str(args.warmup)])
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if MODES[mode] is not None:
+        env["BYTESCHED_FUSION_BYTES"] = MODES[mode]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        end_job(proc)
+        raise SystemExit(f"bytesched bench overhead: the {framework} {mode} job did not finish in "
+                         f"{JOB_TIMEOUT_S:.0f} s") from None
+    found = RESULT.search(output)
+    if proc.returncode != 0 or found is None:
+        tail = "\n".join(output.splitlines()[-30:])
+        raise SystemExit(f"bytesched bench overhead: the {framework} {mode} job failed "
+                         f"(exit code {proc.returncode}):\n{tail}")
+    return float(found.group(1))
+
+
+def summarize(times: dict[str, dict[str, list[float]]], tensors: int) -> dict[str, Any]:
+    """Per framework and mode: median, min and max ms per step, and the median's excess over
+    ``plain`` per tensor (microseconds)."""
+    result: dict[str, Any] = {}
+    for framework, modes in times.items():
+        plain = statistics.median(modes["plain"])
+        result[framework] = {mode: {"ms_per_step": round(statistics.median(values), 2),
+                                    "min": round(min(values), 2), "max": round(max(values), 2),
+                                    "us_per_tensor_over_plain":
+                                        round((statistics.median(values) - plain) / tensors * 1e3, 1)}
+                             for mode, values in modes.items()}
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    """Alternate the modes' jobs for ``--rounds`` rounds per framework; print the table."""
+    echo = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else \
+        (lambda text: print(text, flush=True))
+    frameworks = args.frameworks.split(",")
+    unknown = set(frameworks) - set(FRAMEWORKS)
+    if unknown or args.rounds < 1 or args.layers < 1:
+        raise SystemExit(f"bytesched bench overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
+                         f"{args.frameworks!r}); --rounds and --layers must be >= 1")
+    times: dict[str, dict[str, list[float]]] = {f: {mode: [] for mode in MODES} for f in frameworks}
+    for framework in frameworks:
+        for round_ in range(1, args.rounds + 1):
+            for mode in MODES:
+                ms = run_job(framework, mode, args)
+                times[framework][mode].append(ms)
+                echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {ms:8.2f} ms/step")
+    tensors = 2 * args.layers
+    result = {"tensors": tensors, "settings": {k: getattr(args, k) for k in ("layers", "width", "steps",
+                                                                              "warmup", "rounds")},
+              "results": summarize(times, tensors), "runs": times}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"\n{tensors} tensors, 2 ranks over loopback; median of {args.rounds} rounds [min-max]")
+    print("| framework | mode | ms per step | over plain, per tensor |\n|---|---|---|---|")
+    for framework, modes in result["results"].items():
+        for mode, row in modes.items():
+            print(f"| {framework} | {mode} | {row['ms_per_step']} [{row['min']}-{row['max']}] | "
+                  f"{row['us_per_tensor_over_plain']} us |")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench overhead`` to the ``bench`` subcommand."""
+    parser = subparsers.add_parser("overhead", help="per-tensor cost of bytesched over Horovod, fused and not",
+                                   description=__doc__.split("\n\n")[1] if __doc__ else None)
+    parser.add_argument("--frameworks", default="mxnet,torch", help="mxnet and/or torch (default both)")
+    parser.add_argument("--layers", type=int, default=94, help="dense layers, two tensors each (default 94: "
+                        "188 tensors, as the emulated Transformer)")
+    parser.add_argument("--width", type=int, default=64, help="layer width (default 64: 16 KB matrices)")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per job (default 50)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="jobs per mode (default 3)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
+    parser.set_defaults(func=main)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())
