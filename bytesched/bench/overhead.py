@@ -17,12 +17,14 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
+from .provenance import revision
 from .soak import end_job, horovodrun_argv
 
 FRAMEWORKS = ("mxnet", "torch")
@@ -166,7 +168,9 @@ def main(args: argparse.Namespace) -> int:
                 times[framework][mode].append(ms)
                 echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {ms:8.2f} ms/step")
     tensors = 2 * args.layers
-    result = {"tensors": tensors, "settings": {k: getattr(args, k) for k in ("layers", "width", "steps",
+    result = {"command": shlex.join(["bytesched", "bench", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]]
+                                    if "overhead" in sys.argv else sys.argv),
+              "revision": revision(), "tensors": tensors, "settings": {k: getattr(args, k) for k in ("layers", "width", "steps",
                                                                               "warmup", "rounds")},
               "results": summarize(times, tensors), "runs": times}
     if args.json:

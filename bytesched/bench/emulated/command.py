@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from ...core.config import ConfigError, parse_size
 from ...emulation import parse_rate, unavailable_reason
 from ...sim.predict import simulate
+from ..provenance import revision
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
@@ -108,22 +108,6 @@ def _loadavg() -> float:
     return round(os.getloadavg()[0], 1)
 
 
-def _revision() -> str | None:
-    """The git commit bytesched ran from (``+changes`` if tracked files were modified), so that a
-    result can be told apart from one taken before or after a change; None outside a checkout."""
-    root = Path(__file__).resolve().parents[3]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-        changes = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the selected matrix; the results (also when interrupted: what was measured so far)."""
     bandwidths = [parse_rate(b) for b in _names(args.bandwidths)]
@@ -138,7 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "format": FORMAT,
         "meta": {"command": command, "started": datetime.datetime.now().isoformat(timespec="seconds"),
-                 "revision": _revision(), "cpus": os.cpu_count(), "pid": os.getpid(),
+                 "revision": revision(), "cpus": os.cpu_count(), "pid": os.getpid(),
                  "loadavg": {"start": _loadavg()},
                  "repeats": args.repeats,
                  "steps": args.steps, "warmup": args.warmup, "topology": args.topology,

@@ -1,0 +1,33 @@
+"""``bytesched bench overhead`` runs its Horovod jobs end to end (timings are not asserted: they
+belong in docs/benchmarks.md, measured on a quiet machine)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from bytesched.bench.overhead import summarize
+from conftest import require, run_job
+
+
+def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
+    result = summarize({"mxnet": {"plain": [10.0, 12.0, 11.0], "unfused": [20.0, 15.0, 30.0],
+                                  "fused": [9.0, 9.0, 9.0]}}, tensors=4)
+    assert result["mxnet"]["plain"] == {"ms_per_step": 11.0, "min": 10.0, "max": 12.0, "us_per_tensor_over_plain": 0.0}
+    assert result["mxnet"]["unfused"]["us_per_tensor_over_plain"] == 2250.0  # (20 - 11) ms / 4
+    assert result["mxnet"]["fused"]["us_per_tensor_over_plain"] == -500.0
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_every_mode_runs_on_two_horovod_ranks() -> None:
+    require("horovod.mxnet", "Horovod built with MXNet")
+    result = run_job([sys.executable, "-m", "bytesched.cli", "bench", "overhead", "--frameworks", "mxnet",
+                      "--layers", "3", "--steps", "2", "--warmup", "1", "--rounds", "1", "--json"], timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    assert report["tensors"] == 6 and report["command"].startswith("bytesched bench overhead")
+    assert set(report["runs"]["mxnet"]) == {"plain", "unfused", "fused"}
+    assert all(len(times) == 1 and times[0] > 0 for times in report["runs"]["mxnet"].values())
