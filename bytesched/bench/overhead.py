@@ -5,7 +5,7 @@ each) and almost no compute is trained on 2 Horovod ranks over the unshaped loop
 time is the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. Each
 round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer alone),
 ``unfused`` (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor) and ``fused``
-(bytesched's default fusion). Reported per framework and mode: the median over rounds of each
+(bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB). Reported per framework and mode: the median over rounds of each
 job's milliseconds per step, and the difference to ``plain`` per tensor. The emulated-network
 benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
 this one shows nothing else.
@@ -168,10 +168,10 @@ def main(args: argparse.Namespace) -> int:
                 times[framework][mode].append(ms)
                 echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {ms:8.2f} ms/step")
     tensors = 2 * args.layers
-    result = {"command": shlex.join(["bytesched", "bench", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]]
-                                    if "overhead" in sys.argv else sys.argv),
-              "revision": revision(), "tensors": tensors, "settings": {k: getattr(args, k) for k in ("layers", "width", "steps",
-                                                                              "warmup", "rounds")},
+    command = ["bytesched", "bench", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
+        if "overhead" in sys.argv else sys.argv
+    settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds")}
+    result = {"command": shlex.join(command), "revision": revision(), "tensors": tensors, "settings": settings,
               "results": summarize(times, tensors), "runs": times}
     if args.json:
         print(json.dumps(result, indent=2))

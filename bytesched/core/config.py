@@ -212,8 +212,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_CREDIT_BYTES", "params.credit_bytes", _size, "16MB",
              "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
-             "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are all-reduced as one "
-             "task while they hold at most this many bytes together (1 switches fusion off)."),
+             "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
+             "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off)."),
     Variable("BYTESCHED_POLICY", "policy", _choice(POLICIES), "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + "."),
     Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",
