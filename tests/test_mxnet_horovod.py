@@ -16,10 +16,11 @@ from conftest import SCRIPTS, require, require_executable, run_job
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
-    """Each rank trains the same Gluon MLP twice per optimizer (SGD with momentum, Adam), through hvd.DistributedOptimizer and through
-    ScheduledOptimizer(hvd.DistributedOptimizer(...)) with partitions that split the weight
-    matrices, a credit of three partitions and a fusion size that puts the second layer's
-    two tensors in one bucket (split as well); the weights must be identical."""
+    """Each rank trains the same Gluon MLP twice per optimizer (SGD with momentum, Adam),
+    through hvd.DistributedOptimizer and through ScheduledOptimizer(hvd.DistributedOptimizer(...)),
+    with partitions that split the weight matrices, a credit of three partitions and a fusion
+    size that puts the second layer's two tensors in one bucket (split as well); the weights must
+    be identical."""
     require("horovod.mxnet", "Horovod built with MXNet")
     horovodrun = require_executable("horovodrun")
 

@@ -200,7 +200,7 @@ def test_a_scheduled_ps_job_is_laid_out_as_the_mxnet_plugin_lays_it_out() -> Non
 
 
 def test_a_fusing_plugin_sends_buckets_that_gate_every_layer_they_hold() -> None:
-    """With bucket_bytes (the PyTorch plugin's fusion) a scheduled all-reduce job sends runs of
+    """With bucket_bytes (the plugins' fusion) a scheduled all-reduce job sends runs of
     consecutive tensors as one task, ready with its earliest layer; each layer's next forward
     waits for the bucket holding its tensors. Many small tensors at a 1 ms per-message cost then
     take fewer messages and less time; vanilla is unchanged."""

@@ -5,8 +5,9 @@ each) and almost no compute is trained on 2 Horovod ranks over the unshaped loop
 time is the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. Each
 round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer alone),
 ``unfused`` (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor) and ``fused``
-(bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB). Reported per framework and mode: the median over rounds of each
-job's milliseconds per step, and the difference to ``plain`` per tensor. The emulated-network
+(bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB). Reported per
+framework and mode: the median over rounds of each job's milliseconds per step, and the
+difference to ``plain`` per tensor. The emulated-network
 benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
 this one shows nothing else.
 """

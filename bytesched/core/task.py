@@ -190,4 +190,3 @@ def fusion_runs(sizes: Sequence[int], bound: float, kinds: Sequence[Hashable] | 
             runs.append([index])
             total = nbytes
     return runs
-

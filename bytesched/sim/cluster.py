@@ -116,9 +116,10 @@ class Cluster:
         bigarray_bound: MXNet's ``MXNET_KVSTORE_BIGARRAY_BOUND`` in elements.
         fusion_threshold: Horovod tensor fusion buffer (vanilla all-reduce), bytes.
         cycle_time: Horovod background-loop cycle (vanilla all-reduce), seconds.
-        bucket_bytes: bytesched's tensor fusion in a scheduled all-reduce job (the PyTorch
-            plugin's ``BYTESCHED_FUSION_BYTES``): consecutive tensors share one task while they
-            hold at most this many bytes together; 0: one task per tensor (the MXNet plugins).
+        bucket_bytes: bytesched's tensor fusion in a scheduled all-reduce job
+            (``BYTESCHED_FUSION_BYTES`` of the PyTorch plugin and of MXNet over Horovod):
+            consecutive tensors share one task while they hold at most this many bytes
+            together; 0: one task per tensor.
         worker_specs: rank -> :class:`WorkerSpec` for heterogeneous workers.
     """
 

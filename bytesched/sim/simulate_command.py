@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
     p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
-    p.add_argument("--bucket-bytes", help="bytesched's tensor fusion of scheduled all-reduce (the PyTorch "
-                   "plugin's BYTESCHED_FUSION_BYTES, e.g. 1MB; default: none, as the MXNet plugins)")
+    p.add_argument("--bucket-bytes", help="bytesched's tensor fusion of scheduled all-reduce "
+                   "(BYTESCHED_FUSION_BYTES of the PyTorch plugin and MXNet over Horovod, e.g. 1MB; default: none)")
     p.add_argument("--policy", default=",".join(POLICIES),
                    help=f"comma-separated policies (default all: {','.join(POLICIES)}); vanilla always runs")
     p.add_argument("--partition", help="partition size, e.g. 4MB (default: each policy's own)")
