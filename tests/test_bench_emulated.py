@@ -19,9 +19,10 @@ from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_mea
                                                  fit_scheduled_latency, fit_scheduled_overhead, predict_group,
                                                  resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
-from bytesched.bench.emulated.report import BEGIN, END, write_section
+from bytesched.bench.emulated.report import BEGIN, END, _calibration, write_section
 from bytesched.bench.emulated.results import merge, summarize
 from bytesched.bench.emulated.scaling import Scale, balanced_time_scale, scaled_profile
+from bytesched.core.config import SchedulingParams
 from bytesched.emulation import unavailable_reason
 from bytesched.sim.predict import simulate
 from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
@@ -202,6 +203,24 @@ def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> N
                                "full-duplex", Calibration(0.0024, 0.23, 25_165_824))
     assert prediction["configs"]["bytescheduler-sim"]["partition_bytes"] == chosen.partition_bytes
     assert prediction["calibrated"] and prediction["ideal_speedup"] >= prediction["configs"]["bytescheduler-sim"]["speedup"]
+
+
+def test_tuner_sized_configuration_runs_the_tuning_jobs_pair_or_is_left_out() -> None:
+    [group], _ = groups(["mxnet-ps"], ["vgg16"], [GBIT], [2], ["bytescheduler-tuned", "bytescheduler-sim"])
+    profile = scaled_profile("vgg16", Scale(size=0.04337, time=0.5084))
+    options = cluster_options(group, "full-duplex", Calibration(0.0024, 0.23, 25_165_824))
+    resolved = {c.name: c for c in resolve(group, profile, options, tuned=(500_000, 5_657_000))}
+    assert resolved["bytescheduler-tuned"].params == SchedulingParams(partition_bytes=500_000, credit_bytes=5_657_000)
+    assert resolved["bytescheduler-sim"].params in SIZE_GRID
+    untuned = [c.name for c in resolve(group, profile, options)]
+    assert untuned == ["vanilla", "bytescheduler-sim"]
+    calibration = dataclasses.replace(Calibration(0.0024, 0.23, 25_165_824), tuned_sizes=(500_000, 5_657_000),
+                                      tuning_trials=(("0", "4.000", "16.000", "3.1", "3.1", "configured"),
+                                                     ("1", "0.500", "5.657", "3.8", "3.8", "initial"),
+                                                     ("best", "0.500", "5.657", "3.8", "3.8", "final")),
+                                      tuning_seconds=133.0)
+    lines = "\n".join(_calibration({"framework": "mxnet-ps", "calibration": calibration.as_record()}))
+    assert "133 s, 2 trials of 20 steps" in lines and "0.5 / 5.657 MB (3.8 steps/s)" in lines
 
 
 def test_write_section_replaces_only_its_markers(tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ partition sizes (the ``probe-*`` configurations: two for all-reduce, three for a
 :func:`.prediction.fit_probes` finds the cost with which the simulator reproduces them: a
 per-message overhead for all-reduce, a pipelined per-message latency for a PS (whose credit,
 not its connections, is what such a delay starves); the scheduled configurations are then
-predicted, and their sizes chosen, with that cost.
+predicted, and their sizes chosen, with that cost. Where a group runs ``bytescheduler-tuned``, a
+tuning job follows: bytesched's auto-tuner searches partition and credit on the workload itself
+and the pair it keeps is what that configuration then runs.
 
 The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
 or a fused pushpull of one key (a ``dist_sync`` KVStore, as Gluon's Trainer does; results files
@@ -67,6 +69,13 @@ class Calibration:
     scheduled_latency: float | None = None
     """The pipelined per-message latency of bytesched's PS path fitted from the probes (None: not
     fitted: all-reduce, or results files written before it was)."""
+    tuned_sizes: tuple[int, int] | None = None
+    """The partition and credit (bytes) bytesched's auto-tuner kept in the group's tuning job
+    (None: the group runs no ``bytescheduler-tuned``)."""
+    tuning_trials: tuple[tuple[str, ...], ...] | None = None
+    """That job's tuning log, one row per trial (the CSV's columns, as text)."""
+    tuning_seconds: float | None = None
+    """How long the tuning job took, start-up included."""
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):

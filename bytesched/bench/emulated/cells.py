@@ -39,15 +39,15 @@ class Framework:
     the PyTorch plugin and MXNet over Horovod), which the simulator then models."""
 
 
-_ALLREDUCE = ("vanilla", "bytescheduler", "bytescheduler-fit", "bytescheduler-sim", "tuned", "off", "fifo", "p3",
-              "prophet", "tictac")
+_ALLREDUCE = ("vanilla", "bytescheduler", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
+              "off", "fifo", "p3", "prophet", "tictac")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
     Framework("torch-distributed", "torch_worker", "torch", "torchrun", "allreduce", False, _ALLREDUCE, fuses=True),
     Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True, _ALLREDUCE),
     Framework("mxnet-horovod", "mxnet_worker", "horovod", "horovod", "allreduce", True,
-              ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
+              ("vanilla", "autotune", *(c for c in _ALLREDUCE[1:] if c != "bytescheduler-tuned")), fuses=True),
 )}
 
 
@@ -80,8 +80,8 @@ def groups(frameworks: Sequence[str], models: Sequence[str], bandwidths: Sequenc
     sized = [c for c in configurations if CONFIGURATIONS[c].sized_at_run_time]
     real = [m for m in models if m in REAL_MODELS]
     if sized and real:
-        raise ValueError(f"configuration {sized[0]!r} is sized by the simulator, which has no profile of the real "
-                         f"model {real[0]!r}: run it with emulated models only")
+        raise ValueError(f"configuration {sized[0]!r} is sized by the {CONFIGURATIONS[sized[0]].sized_by} before the "
+                         f"runs, which the harness does for emulated models only, not for the real model {real[0]!r}")
     out, skipped = [], []
     for name in frameworks:
         framework = FRAMEWORKS[name]

@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             calibration = fit_probes(group.framework.arch, profile, cluster_options(group, topology, calibration),
                                      calibration)
         options = cluster_options(group, topology, calibration, scheduled=True)
-        group = dataclasses.replace(group, configurations=resolve(group, profile, options))
+        tuned = None if calibration is None else calibration.tuned_sizes
+        group = dataclasses.replace(group, configurations=resolve(group, profile, options, tuned))
         entry = entries[group.key]
         if calibration is not None:
             entry["calibration"] = calibration.as_record()

@@ -26,13 +26,19 @@ class Configuration:
     env: tuple[tuple[str, str], ...] = field(default=())
     simulated_as: str = "vanilla"
     """The simulator policy that models it (the simulator has no Horovod autotune)."""
-    sized_at_run_time: bool = False
-    """Partition and credit are chosen per group, before its runs, by the simulator on the
-    calibrated cluster (:func:`.prediction.choose_sizes`), and handed to the workers."""
+    sized_by: str | None = None
+    """Who chooses partition and credit per group, before its runs: ``"simulator"`` (on the
+    calibrated cluster, :func:`.prediction.choose_sizes`) or ``"tuner"`` (bytesched's auto-tuner,
+    in a tuning job on the same cluster, :func:`.runner.run_tuning`); the sizes are then handed
+    to the workers. None: fixed sizes."""
 
     @property
     def scheduled(self) -> bool:
         return self.policy is not None
+
+    @property
+    def sized_at_run_time(self) -> bool:
+        return self.sized_by is not None
 
 
 UNLIMITED = SchedulingParams(partition_bytes=math.inf, credit_bytes=math.inf)
@@ -51,7 +57,11 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("bytescheduler-sim", "bytesched, bytescheduler policy, the partition and credit sizes the "
                   "simulator predicts best for the group's calibrated cluster (what `bytesched simulate --tune` "
                   "tells a user), chosen before the runs", policy="bytescheduler", simulated_as="bytescheduler",
-                  sized_at_run_time=True),
+                  sized_by="simulator"),
+    Configuration("bytescheduler-tuned", "bytesched, bytescheduler policy, the partition and credit sizes "
+                  "bytesched's auto-tuner kept in a tuning job of the same cell before the runs (BYTESCHED_TUNING=1, "
+                  "trials of 20 steps; then fixed, as a user's next job gets them with BYTESCHED_TUNING_LOAD)",
+                  policy="bytescheduler", simulated_as="bytescheduler", sized_by="tuner"),
     Configuration("probe-coarse", "calibration: bytesched at 4 MB partitions / 16 MB credit", policy="bytescheduler",
                   params=SchedulingParams(partition_bytes=4 << 20, credit_bytes=16 << 20),
                   simulated_as="bytescheduler"),
@@ -61,7 +71,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("probe-small", "calibration (PS): bytesched at 256 KB partitions / 1 MB credit",
                   policy="bytescheduler", params=SchedulingParams(partition_bytes=256 << 10, credit_bytes=1 << 20),
                   simulated_as="bytescheduler"),
-    Configuration("tuned", "bytesched, bytescheduler policy, auto-tuned (BYTESCHED_TUNING=1)",
+    Configuration("tuned", "bytesched, bytescheduler policy, BYTESCHED_TUNING=1 from the job's start: the timed "
+                  "steps fall in the tuner's first trial (the default sizes), so this shows what tuning costs while "
+                  "it searches, not what it finds (that is `bytescheduler-tuned`)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
@@ -72,6 +84,12 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
 )}
 
 BASELINE = "vanilla"
+TUNING = "tuned"
+"""The configuration a tuning job runs (its trial 0 is the default sizes, as in a user's job)."""
+TUNING_STEPS_PER_TRIAL = 20
+TUNING_WARMUP_STEPS = 5
+"""A tuning job's trials: shorter than the library's default of 50 steps (10 unmeasured) so that
+a cell's tuning takes minutes; 12 steps are measured per trial (the last 3 are the lead)."""
 PROBES = ("probe-coarse", "probe-fine")
 """The two partition sizes whose measured step times fit bytesched's per-message overhead."""
 PS_PROBES = (*PROBES, "probe-small")

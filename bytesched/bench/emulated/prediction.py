@@ -1,6 +1,7 @@
 """The simulator's side of a group of cells: the same scaled profile, rank count, bandwidth,
 architecture and topology as the measured job, every configuration as the policy (and sizes) it
-runs, the sizes of ``bytescheduler-sim``, and the ideal speedup the targets are measured against."""
+runs, the sizes of ``bytescheduler-sim`` (and of ``bytescheduler-tuned``, from its tuning job), and
+the ideal speedup the targets are measured against."""
 
 from __future__ import annotations
 
@@ -130,15 +131,18 @@ def choose_sizes(profile: ModelProfile, options: dict[str, Any]) -> SchedulingPa
     return SchedulingParams(partition_bytes=int(chosen.partition_bytes), credit_bytes=int(chosen.credit_bytes))
 
 
-def resolve(group: Group, profile: ModelProfile, options: dict[str, Any]) -> tuple[Configuration, ...]:
-    """``group``'s configurations with the simulator-sized ones given their sizes (``options``:
-    the cluster as bytesched's path sees it)."""
-    sized = [c for c in group.configurations if c.sized_at_run_time]
-    if not sized:
-        return group.configurations
-    params = choose_sizes(profile, options)
-    return tuple(with_sizes(c, params.partition_bytes, params.credit_bytes) if c.sized_at_run_time else c
-                 for c in group.configurations)
+def resolve(group: Group, profile: ModelProfile, options: dict[str, Any],
+            tuned: tuple[int, int] | None = None) -> tuple[Configuration, ...]:
+    """``group``'s configurations with the run-time-sized ones given their sizes: the simulator's
+    choice (``options``: the cluster as bytesched's path sees it) or the pair the tuning job kept
+    (``tuned``). A tuner-sized configuration without a pair (its tuning job failed) is left out."""
+    chosen = None
+    if any(c.sized_by == "simulator" for c in group.configurations):
+        chosen = choose_sizes(profile, options)
+        chosen = (int(chosen.partition_bytes), int(chosen.credit_bytes))
+    sizes = {"simulator": chosen, "tuner": tuned}
+    return tuple(c if not c.sized_at_run_time else with_sizes(c, *sizes[c.sized_by])
+                 for c in group.configurations if not c.sized_at_run_time or sizes[c.sized_by] is not None)
 
 
 def ideal_speedup(profile: ModelProfile, options: dict[str, Any]) -> float:

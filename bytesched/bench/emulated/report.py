@@ -91,6 +91,13 @@ def _calibration(group: dict[str, Any]) -> list[str]:
             fits = f"bytesched's cost per message at {calibration['scheduled_overhead'] * 1e3:.2f} ms"
         lines.append(f"Probes: a step took {took}, which fits {fits}; the simulator predicted bytesched's "
                      f"configurations (and chose `bytescheduler-sim`'s sizes) with that.")
+    tuned = calibration.get("tuned_sizes")
+    if tuned:
+        trials = [row for row in calibration["tuning_trials"] if row[0].isdigit()]
+        lines.append(f"Tuning job ({calibration['tuning_seconds']:.0f} s, {len(trials)} trials of 20 steps): "
+                     f"bytesched's auto-tuner kept {_kib(tuned[0])} partitions and a {_kib(tuned[1])} credit for "
+                     f"`bytescheduler-tuned`; it tried " + ", ".join(
+                         f"{float(row[1]):g} / {float(row[2]):g} MB ({row[3]} steps/s)" for row in trials) + ".")
     return lines
 
 
@@ -113,9 +120,10 @@ def _prediction(group: dict[str, Any]) -> list[str]:
 PS_TARGET = ("vgg16", 1e9)
 """The PS target (>= 1.5x plain dist_sync) is stated for VGG16 at 1 Gbit/s; other PS cells are
 held to the ideal speedup like every other framework."""
-SCHEDULED = ("bytescheduler", "bytescheduler-sim", "bytescheduler-fit")
+SCHEDULED = ("bytescheduler", "bytescheduler-sim", "bytescheduler-tuned", "bytescheduler-fit")
 """The bytesched configurations the speedup targets are checked for: the defaults, the sizes a
-user gets from the simulator, and (where a group runs it) the sizes a sweep found by hand."""
+user gets from the simulator or from the auto-tuner, and (where a group runs it) the sizes a
+sweep found by hand."""
 
 
 def targets(results: dict[str, Any]) -> list[str]:

@@ -3,18 +3,24 @@ batch of configurations, results streamed to a callback as each run ends."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from ...core.config import ConfigError, from_env
 from ...emulation import Cluster, Job, emulated_cluster, format_rate
+from ...tuning.log import load_best
 from .calibration import Calibration
 from .cells import Group, rounds
-from .configs import CONFIGURATIONS, Configuration, probes as probe_names
+from .configs import (CONFIGURATIONS, TUNING, TUNING_STEPS_PER_TRIAL, TUNING_WARMUP_STEPS, Configuration,
+                      probes as probe_names)
 from .protocol import MARKER, parse, worker_argv
 
 
@@ -67,13 +73,15 @@ def _worker_args(workload: Workload, group: Group, **mode: Any) -> list[str]:
 
 def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout: float,
                     on_line: Callable[[str], None]) -> Calibration:
-    """Time the framework's small and whole-gradient operations on ``cluster``, and where the
-    group has run-time-sized configurations also the workload under the probe sizes
-    (:mod:`.calibration`)."""
+    """Time the framework's small and whole-gradient operations on ``cluster``; where the group
+    has simulator-sized configurations also the workload under the probe sizes, and where it has
+    tuner-sized ones the tuning job (:mod:`.calibration`)."""
     job = launch(cluster, group, _worker_args(workload, group, calibrate=workload.gradient_bytes), {})
     records = _finish(job, timeout, expected=1, what="calibration")
     calibration = Calibration.from_record(records[0]["calibration"])
-    if not any(c.sized_at_run_time for c in group.configurations):
+    if any(c.sized_by == "tuner" for c in group.configurations):
+        calibration = run_tuning(cluster, group, workload, calibration, timeout)
+    if not any(c.sized_by == "simulator" for c in group.configurations):
         return calibration
     names = probe_names(group.framework.arch)
     probes = [CONFIGURATIONS[name] for name in names]
@@ -84,6 +92,36 @@ def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout:
     seconds = {name: statistics.mean(run["seconds"] / run["steps"] for run in runs if run["config"] == name)
                for name in names}
     return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in names))
+
+
+def run_tuning(cluster: Cluster, group: Group, workload: Workload, calibration: Calibration,
+               timeout: float) -> Calibration:
+    """``calibration`` with the pair bytesched's auto-tuner keeps on ``workload``: one job runs the
+    tuning configuration (:data:`.configs.TUNING`) with trials of :data:`.configs.TUNING_STEPS_PER_TRIAL`
+    steps for as many steps as its most trials take (the environment's
+    ``BYTESCHED_TUNING_MAX_TRIALS``, 15 unset), writing the tuning log, whose kept pair is read as a
+    user's next job reads it (``BYTESCHED_TUNING_LOAD``: the ``best`` row, or the fastest trial if
+    the search had not ended). JobFailed if the job fails or its log holds no trial."""
+    trials = from_env().tuning_max_trials
+    steps = (trials + 1) * TUNING_STEPS_PER_TRIAL
+    with tempfile.TemporaryDirectory(prefix="bytesched-bench-tuning-") as folder:
+        log = Path(folder) / "tuning.csv"
+        env = {**dict(CONFIGURATIONS[TUNING].env), "BYTESCHED_TUNING_LOG": str(log),
+               "BYTESCHED_TUNING_STEPS_PER_TRIAL": str(TUNING_STEPS_PER_TRIAL),
+               "BYTESCHED_TUNING_WARMUP_STEPS": str(TUNING_WARMUP_STEPS)}
+        started = time.monotonic()
+        job = launch(cluster, group, _worker_args(dataclasses.replace(workload, steps=steps, warmup=0), group,
+                                                  runs=[(TUNING, 0)]), env)
+        _finish(job, timeout, expected=1, what="tuning")
+        seconds = time.monotonic() - started
+        try:
+            kept = load_best(log)
+            with log.open(newline="") as f:
+                rows = tuple(tuple(row) for row in csv.reader(f))[1:]
+        except (ConfigError, OSError) as error:
+            raise JobFailed(f"the tuning job left no usable log: {error}") from None
+    return dataclasses.replace(calibration, tuned_sizes=(int(kept.partition_bytes), int(kept.credit_bytes)),
+                               tuning_trials=rows, tuning_seconds=seconds)
 
 
 def run_job(cluster: Cluster, group: Group, workload: Workload, configs: Sequence[Configuration], round_number: int,
@@ -195,6 +233,11 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                     else:
                         say(f"  {title}: calibration: {calibration.fixed_seconds * 1e3:.2f} ms per operation, "
                             f"{calibration.large_bytes / 1e6:.1f} MB in {calibration.large_seconds * 1e3:.0f} ms")
+                        if calibration.tuned_sizes is not None:
+                            partition, credit = calibration.tuned_sizes
+                            say(f"  {title}: the tuner kept {partition / 1e6:.3f} MB partitions / {credit / 1e6:.3f} MB "
+                                f"credit after {len(calibration.tuning_trials or ())} log rows in "
+                                f"{calibration.tuning_seconds:.0f} s")
                 group = prepare(group, calibration)
                 for number, jobs in rounds(group, repeats):
                     for configs in jobs:
