@@ -1,7 +1,9 @@
-"""MXNet over Horovod: ScheduledOptimizer on 2 ranks equals plain horovod.mxnet, bit for bit."""
+"""MXNet over Horovod: ScheduledOptimizer on 2 ranks equals plain horovod.mxnet, bit for bit,
+also while it tunes its sizes."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -43,3 +45,37 @@ def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
         events = json.loads((tmp_path / f"tl.{rank}.json").read_text())
         tensors = {e["args"]["tensor"] for e in events if e["name"] == "in flight"}
         assert tensors == {"allreduce:0", "allreduce:1", "allreduce:2+1"}
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_scheduled_optimizer_tunes_alike_on_every_rank_and_equals_plain_horovod(tmp_path: Path) -> None:
+    """BYTESCHED_TUNING=1, two trials of 6 steps on a lattice moved down to 1 KB partitions
+    (BYTESCHED_TUNING_FLOOR), so that the trials cut the 6 KB weight differently; over 16 steps
+    both ranks keep the same sizes (switched at step 12), which are rank 0's log's best row, and
+    the weights are plain Horovod's."""
+    require("horovod.mxnet", "Horovod built with MXNet")
+    horovodrun = require_executable("horovodrun")
+    log = tmp_path / "tuning.csv"
+
+    result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "16"],
+                     timeout=120, env={**os.environ, "BYTESCHED_PARTITION_BYTES": "1000",
+                                       "BYTESCHED_CREDIT_BYTES": "3000", "BYTESCHED_FUSION_BYTES": "2500",
+                                       "BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "2",
+                                       "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6", "BYTESCHED_TUNING_WARMUP_STEPS": "0",
+                                       "BYTESCHED_TUNING_FLOOR": "1000:3000", "BYTESCHED_TUNING_LOG": str(log)})
+
+    assert result.returncode == 0, result.stdout[-4000:]
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
+    kept = {(rank, optimizer): sizes for rank, optimizer, sizes
+            in re.findall(r"HVD MXNET KEPT rank=(\d) optimizer=(\w+) (.*)", result.stdout)}
+    assert set(kept) == {(r, o) for r in "01" for o in ("sgd", "adam")}, result.stdout[-4000:]
+    for optimizer in ("sgd", "adam"):
+        assert kept["0", optimizer] == kept["1", optimizer] != "none"
+    rows = list(csv.reader(log.open()))  # the second (Adam) run's session rewrote the log
+    assert [row[0] for row in rows[1:]] == ["0", "1", "best"]
+    partition, credit = (round(float(mb) * 1e6) for mb in rows[-1][1:3])
+    assert kept["0", "adam"] == f"partition={partition} credit={credit}"
+

@@ -58,6 +58,21 @@ def test_lattice_values_and_nearest() -> None:
         space_for("nccl")
 
 
+def test_floor_moves_the_lattice_down_for_the_session() -> None:
+    """BYTESCHED_TUNING_FLOOR starts both axes lower; trial 0 (the configured 4 MB / 16 MB) is
+    then the nearest point of the moved lattice."""
+    config = from_env({"BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_FLOOR": "256KB:1MB"})
+    assert config.tuning_floor == (256_000, 1_000_000)
+    space = space_for("allreduce", config.tuning_floor)
+    assert space.params((0, 0)) == SchedulingParams(256_000, 1_000_000)
+    assert (space.partition.high, space.credit.high) == (64 * 256_000, 64 * 1_000_000)
+    session = make_session(config, rank=0, world_size=1, channel=None, arch="allreduce")
+    assert session is not None and session.on_step(0) == SchedulingParams(4_096_000, 16_000_000)
+    for bad in ("256KB", "256KB:inf", "256KB:0", "a:1MB"):
+        with pytest.raises(ConfigError, match="BYTESCHED_TUNING_FLOOR"):
+            from_env({"BYTESCHED_TUNING_FLOOR": bad})
+
+
 # -- measuring a trial ----------------------------------------------------------------------------
 def test_robust_throughput_ignores_outlier_steps() -> None:
     steady = [0.1] * 20

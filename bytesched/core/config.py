@@ -115,6 +115,7 @@ class Config:
     tuning_load: str | None = None
     tuning_profile: str | None = None
     tuning_bandwidth: str | None = None
+    tuning_floor: tuple[int, int] | None = None  # None: the architecture's own lattice
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -144,6 +145,16 @@ class Variable:
 
 def _size(name: str, text: str) -> float:
     return parse_size(text, name=name)
+
+
+def _size_pair(name: str, text: str) -> tuple[int, int]:
+    partition, colon, credit = text.partition(":")
+    if not colon:
+        raise ConfigError(f"{name}={text!r} is not valid: expected PARTITION:CREDIT, e.g. 256KB:1MB")
+    sizes = [parse_size(part, name=name) for part in (partition, credit)]
+    if not all(math.isfinite(size) for size in sizes):
+        raise ConfigError(f"{name}={text!r} is not valid: both sizes must be finite, e.g. 256KB:1MB")
+    return int(sizes[0]), int(sizes[1])
 
 
 def _choice(options: tuple[str, ...], *, upper: bool = False) -> Callable[[str, str], str]:
@@ -276,6 +287,10 @@ VARIABLES: tuple[Variable, ...] = (
              "the simulator predicts good first points from; needs BYTESCHED_TUNING_BANDWIDTH."),
     Variable("BYTESCHED_TUNING_BANDWIDTH", "tuning_bandwidth", _text, "(off)",
              "Tuning warm start: measured per-worker network bandwidth, e.g. 10Gbps."),
+    Variable("BYTESCHED_TUNING_FLOOR", "tuning_floor", _size_pair, "(8MB:16MB all-reduce, 500KB:2MB PS)",
+             "Tuning: the smallest partition and credit searched, as PARTITION:CREDIT; each knob's lattice "
+             "spans six octaves up from there. Lower it for small models or slow networks, where pieces "
+             "smaller than the defaults pay off (docs/tuning.md)."),
 )
 
 # The original ByteScheduler's variables count 4-byte elements.

@@ -217,7 +217,7 @@ def make_session(config: Config, *, rank: int, world_size: int,
     if not (config.tuning or config.tuning_load):
         return None
     plan = TrialPlan(config.tuning_steps_per_trial, config.tuning_warmup_steps)
-    space = space_for(arch)
+    space = space_for(arch, config.tuning_floor)
     # Trial 0: the configured sizes on the lattice, which every rank computes alike from its own
     # settings (rank 0 checks that through the confirmations). Loading only: rank 0's message.
     default_partition = make_policy(config.policy, config.params).partition_bytes()

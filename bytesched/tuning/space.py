@@ -105,9 +105,15 @@ SPACES: dict[str, SearchSpace] = {
 }
 
 
-def space_for(arch: str) -> SearchSpace:
-    """The search space of ``arch`` (``ps`` or ``allreduce``)."""
+def space_for(arch: str, floor: tuple[int, int] | None = None) -> SearchSpace:
+    """The search space of ``arch`` (``ps`` or ``allreduce``), or with ``floor`` (the smallest
+    partition and credit, ``BYTESCHED_TUNING_FLOOR``) the same lattice moved to start there: the
+    default bounds fit the paper's models at 100 Gbps, while a small model or a slow network wants
+    smaller pieces than an 8 MB all-reduce partition."""
     try:
-        return SPACES[arch]
+        space = SPACES[arch]
     except KeyError:
         raise ConfigError(f"tuning: architecture {arch!r} is unknown: expected one of {', '.join(SPACES)}") from None
+    if floor is None:
+        return space
+    return SearchSpace(arch, Axis("partition", floor[0]), Axis("credit", floor[1]))

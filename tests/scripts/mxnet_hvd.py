@@ -4,24 +4,26 @@
 Run under ``horovodrun -np 2 --gloo``. Each rank trains on its own data, once with SGD with
 momentum (which MXNet updates four tensors per call) and once with Adam (one per call); prints
 ``HVD MXNET EQUAL rank=R subtasks=N`` when every pair of runs ends with identical weights, or
-``HVD MXNET DIFFER ...``.
+``HVD MXNET DIFFER ...``. With tuning switched on (``BYTESCHED_TUNING``), each scheduled run
+also prints ``HVD MXNET KEPT rank=R optimizer=O partition=P credit=C`` (``none`` while the search
+had not ended); ``--steps`` sets the training steps (12).
 """
 
 from __future__ import annotations
+
+import argparse
 
 import horovod.mxnet as hvd
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-STEPS = 12
-
 
 OPTIMIZERS = {"sgd": {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3},
               "adam": {"learning_rate": 0.01, "wd": 1e-3}}
 
 
-def train(scheduled: bool, optimizer: str) -> list[np.ndarray]:
+def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(48, activation="relu", in_units=32), gluon.nn.Dense(10, in_units=48))
     mx.random.seed(3)
@@ -35,20 +37,29 @@ def train(scheduled: bool, optimizer: str) -> list[np.ndarray]:
     trainer = gluon.Trainer(params, opt, kvstore=None)
     rng = np.random.RandomState(50 + hvd.rank())
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    for _ in range(STEPS):
+    for _ in range(steps):
         x = mx.nd.array(rng.rand(16, 32))
         y = mx.nd.array(rng.randint(0, 10, size=16))
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
         trainer.step(16)
-    return [p.data().asnumpy() for p in params.values()]
+    weights = [p.data().asnumpy() for p in params.values()]
+    if scheduled and opt._config.tuning:
+        kept = opt.tuned_params
+        sizes = "none" if kept is None else f"partition={kept.partition_bytes} credit={kept.credit_bytes}"
+        print(f"HVD MXNET KEPT rank={hvd.rank()} optimizer={optimizer} {sizes}", flush=True)
+    return weights
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    steps = parser.parse_args().steps
     hvd.init()
     pairs = [(a, b) for name in OPTIMIZERS
-             for a, b in zip(train(scheduled=False, optimizer=name), train(scheduled=True, optimizer=name))]
+             for a, b in zip(train(scheduled=False, optimizer=name, steps=steps),
+                             train(scheduled=True, optimizer=name, steps=steps))]
     from bytesched.core import get_core
     subtasks = get_core().take_stats().subtasks_started
     worst = max(float(np.abs(a - b).max()) for a, b in pairs)

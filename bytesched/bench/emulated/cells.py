@@ -47,7 +47,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-distributed", "torch_worker", "torch", "torchrun", "allreduce", False, _ALLREDUCE, fuses=True),
     Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True, _ALLREDUCE),
     Framework("mxnet-horovod", "mxnet_worker", "horovod", "horovod", "allreduce", True,
-              ("vanilla", "autotune", *(c for c in _ALLREDUCE[1:] if c != "bytescheduler-tuned")), fuses=True),
+              ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
 )}
 
 

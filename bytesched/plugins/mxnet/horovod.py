@@ -13,10 +13,17 @@ orders after the all-reduce. Small gradients of one update call are fused into b
 (:mod:`.fusion`, ``BYTESCHED_FUSION_BYTES``). Ranks run the Core in ``immediate`` order: Horovod
 starts a collective only once every rank submitted it, so rank 0's release order becomes the
 global one. Everything else (learning rate, states) is Horovod's optimizer's, as with Horovod.
+
+Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``) runs a
+:class:`~bytesched.tuning.TuningSession` over a rank-0 channel, whose free port rank 0 shares
+with one Horovod broadcast. A Trainer index updated again begins a new step (Gluon updates each
+parameter once per step); there, once the last step's weights are written, the session hears
+of the step and the sizes it returns apply from that step's first all-reduce on every rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 from typing import Any, Sequence
 
@@ -26,9 +33,11 @@ import numpy as np
 
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
+from bytesched.core.channel import open_channel
 from bytesched.core.config import configure_logging, from_env
 from bytesched.core.policies import make_policy
 from bytesched.core.timeline import open_timeline
+from bytesched.tuning import TuningSession, make_session
 
 from .fusion import Bucket
 from .proxies import events
@@ -56,12 +65,25 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         if order == "rank0":
             raise bcore.ConfigError("BYTESCHED_ORDER=rank0 is not needed with Horovod (it orders "
                                     "collectives itself): use auto or immediate")
-        self._core = bcore.init(self._config, rank=hvd.rank(), order=order,
-                                timeline=open_timeline(self._config, rank=hvd.rank(), world_size=hvd.size()))
+        rank, size = hvd.rank(), hvd.size()
+        self._core = bcore.init(self._config, rank=rank, order=order,
+                                timeline=open_timeline(self._config, rank=rank, world_size=size))
         self._events = events()
         self._partition_bytes = make_policy(self._config.policy, self._config.params).partition_bytes()
         self._avatars: dict[str, Avatars] = {}
         self._buckets: dict[int, Bucket] = {}
+        channel = None
+        if (self._config.tuning or self._config.tuning_load) and size > 1:
+            channel = open_channel(self._config, rank, size, share_port=_broadcast_int)
+            atexit.register(channel.close)
+        self._tuning: TuningSession | None = make_session(self._config, rank=rank, world_size=size,
+                                                          channel=channel, arch="allreduce")
+        self.tuned_params: SchedulingParams | None = None
+        """The partition and credit sizes tuning kept, the same on every rank (None while tuning
+        still searches, and without tuning)."""
+        self._step = -1
+        self._seen: set[int] = set()  # Trainer indices updated in this step (tuning only)
+        self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning only)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_hvd" not in self.__dict__:
@@ -110,6 +132,9 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         update arithmetic is plain Horovod's."""
         inner = self._hvd._optimizer
         apply = inner.update_multi_precision if multi_precision else inner.update
+        if self._tuning is not None:
+            self._tuning_step([index] if not isinstance(index, (list, tuple)) else list(index),
+                              [weight] if not isinstance(weight, (list, tuple)) else list(weight))
         if not isinstance(index, (list, tuple)):
             self._allreduce([index], [grad])
             apply(index, weight, grad, state)
@@ -122,6 +147,28 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         for start in range(0, len(index), inner.aggregate_num):
             chunk = slice(start, start + inner.aggregate_num)
             apply(list(index[chunk]), list(weight[chunk]), list(grad[chunk]), list(state[chunk]))
+
+    def _tuning_step(self, indices: list[Any], weights: list[mx.nd.NDArray]) -> None:
+        """Before an update of ``indices``: if one of them was already updated this step (or
+        nothing was yet), a step begins; tell the session, after the previous step's weights
+        are written (trials time finished steps, not queued ones), and apply what it switches to."""
+        session = self._tuning
+        assert session is not None
+        if self._step < 0 or not self._seen.isdisjoint(indices):
+            for weight in self._written:
+                weight.wait_to_read()
+            self._step += 1
+            self._seen.clear()
+            self._written.clear()
+            params = session.on_step(self._step)
+            if params is not None:
+                self.set_params(params)
+            if session.done:
+                self.tuned_params = session.final
+                self._tuning = None
+                return
+        self._seen.update(indices)
+        self._written.extend(weights)
 
     # -- the scheduled all-reduce -------------------------------------------------------------
     def _allreduce(self, indices: Sequence[Any], grads: Sequence[mx.nd.NDArray]) -> None:
@@ -163,3 +210,9 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                postscale_factor=opt._postscale_factor, process_set=opt._process_set)
 
         task.post([grad], avatars, -index, communicate)
+
+
+def _broadcast_int(value: int) -> int:
+    """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""
+    shared = hvd.broadcast(mx.nd.array([value], dtype="int64"), root_rank=0, name="bytesched.channel_port")
+    return int(shared.asnumpy()[0])
