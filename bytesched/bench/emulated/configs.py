@@ -73,8 +73,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   policy="bytescheduler", params=SchedulingParams(partition_bytes=256 << 10, credit_bytes=1 << 20),
                   simulated_as="bytescheduler"),
     Configuration("tuned", "bytesched, bytescheduler policy, BYTESCHED_TUNING=1 from the job's start: the timed "
-                  "steps fall in the tuner's first trial (the default sizes), so this shows what tuning costs while "
-                  "it searches, not what it finds (that is `bytescheduler-tuned`)",
+                  "steps fall in the tuner's first trial, the default sizes rounded onto its lattice (all-reduce: "
+                  "8 MB / 16 MB, the lattice's smallest partition; PS: 4 MB / 16 MB), so this shows what tuning "
+                  "costs while it searches, not what it finds (that is `bytescheduler-tuned`)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
@@ -86,7 +87,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
 
 BASELINE = "vanilla"
 TUNING = "tuned"
-"""The configuration a tuning job runs (its trial 0 is the default sizes, as in a user's job)."""
+"""The configuration a tuning job runs (its trial 0 is the default sizes, as in a user's job,
+rounded onto the lattice)."""
 TUNING_STEPS_PER_TRIAL = 20
 TUNING_WARMUP_STEPS = 5
 """A tuning job's trials: shorter than the library's default of 50 steps (10 unmeasured) so that
