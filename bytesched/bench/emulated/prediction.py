@@ -136,11 +136,11 @@ def resolve(group: Group, profile: ModelProfile, options: dict[str, Any],
     """``group``'s configurations with the run-time-sized ones given their sizes: the simulator's
     choice (``options``: the cluster as bytesched's path sees it) or the pair the tuning job kept
     (``tuned``). A tuner-sized configuration without a pair (its tuning job failed) is left out."""
-    chosen = None
+    simulated = None
     if any(c.sized_by == "simulator" for c in group.configurations):
-        chosen = choose_sizes(profile, options)
-        chosen = (int(chosen.partition_bytes), int(chosen.credit_bytes))
-    sizes = {"simulator": chosen, "tuner": tuned}
+        params = choose_sizes(profile, options)
+        simulated = (int(params.partition_bytes), int(params.credit_bytes))
+    sizes = {"simulator": simulated, "tuner": tuned}
     return tuple(c if not c.sized_at_run_time else with_sizes(c, *sizes[c.sized_by])
                  for c in group.configurations if not c.sized_at_run_time or sizes[c.sized_by] is not None)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...emulation import format_rate
-from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES
+from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES, TUNING_STEPS_PER_TRIAL
 from .results import Spread, summarize
 
 BEGIN = "<!-- emulated:begin -->"
@@ -94,7 +94,8 @@ def _calibration(group: dict[str, Any]) -> list[str]:
     tuned = calibration.get("tuned_sizes")
     if tuned:
         trials = [row for row in calibration["tuning_trials"] if row[0].isdigit()]
-        lines.append(f"Tuning job ({calibration['tuning_seconds']:.0f} s, {len(trials)} trials of 20 steps): "
+        lines.append(f"Tuning job ({calibration['tuning_seconds']:.0f} s, {len(trials)} trials of "
+                     f"{TUNING_STEPS_PER_TRIAL} steps): "
                      f"bytesched's auto-tuner kept {_kib(tuned[0])} partitions and a {_kib(tuned[1])} credit for "
                      f"`bytescheduler-tuned`; it tried " + ", ".join(
                          f"{float(row[1]):g} / {float(row[2]):g} MB ({row[3]} steps/s)" for row in trials) + ".")

@@ -238,9 +238,9 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                             f"{calibration.large_bytes / 1e6:.1f} MB in {calibration.large_seconds * 1e3:.0f} ms")
                         if calibration.tuned_sizes is not None:
                             partition, credit = calibration.tuned_sizes
-                            say(f"  {title}: the tuner kept {partition / 1e6:.3f} MB partitions / {credit / 1e6:.3f} MB "
-                                f"credit after {len(calibration.tuning_trials or ())} log rows in "
-                                f"{calibration.tuning_seconds:.0f} s")
+                            say(f"  {title}: the tuner kept {partition / 1e6:.3f} MB partitions / "
+                                f"{credit / 1e6:.3f} MB credit after {len(calibration.tuning_trials or ())} log "
+                                f"rows in {calibration.tuning_seconds:.0f} s")
                 group = prepare(group, calibration)
                 for number, jobs in rounds(group, repeats):
                     for configs in jobs:
