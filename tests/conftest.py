@@ -52,6 +52,10 @@ def require(module_name: str, component: str | None = None) -> ModuleType:
     skip.
     """
     try:
+        if module_name.startswith("horovod.mxnet"):
+            # torch first: a process that imports torch after horovod.mxnet segfaults, which a
+            # later test of the same pytest process would otherwise do
+            importlib.import_module("torch")
         return importlib.import_module(module_name)
     except Exception as error:  # ImportError, or OSError/RuntimeError from a broken extension
         pytest.fail(

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from .provenance import revision
-from .soak import end_job, horovodrun_argv
+from .horovod_jobs import end_job, horovodrun_argv
 
 FRAMEWORKS = ("mxnet", "torch")
 MODES = {"plain": None, "unfused": "1", "fused": None}

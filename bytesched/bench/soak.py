@@ -21,24 +21,21 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import hashlib
 import json
 import os
 import random
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-KILL_GRACE_S = 20.0
+from .horovod_jobs import end_job, horovodrun_argv
+
 PROGRESS = re.compile(r"PROGRESS rank=(\d+) step=(\d+) rss=(\d+)")
 DONE = re.compile(r"DONE rank=(\d+) digest=(\w+) seconds=([\d.]+)")
 
@@ -194,31 +191,6 @@ def launch(name: str, worker_args: list[str], ranks: int, *, env: dict[str, str]
             end_job(proc)
     run.wall_seconds = time.monotonic() - began
     return run
-
-
-def horovodrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
-    """The command that runs ``python -m module worker_args`` on ``ranks`` local Gloo ranks, with
-    the horovodrun next to this interpreter (a venv's) or on PATH."""
-    horovodrun = shutil.which("horovodrun", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    if horovodrun is None:
-        raise SystemExit("horovodrun not found (pip install horovod with PyTorch and Gloo)")
-    return [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", sys.executable, "-m", module,
-            *worker_args]
-
-
-def end_job(proc: subprocess.Popen[str]) -> None:
-    """End horovodrun and its ranks. The ranks run in process groups of their own, so killing
-    horovodrun's group would orphan them: SIGINT lets horovodrun end them, SIGKILL the rest."""
-    import psutil
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    proc.send_signal(signal.SIGINT)
-    _, alive = psutil.wait_procs(family, timeout=KILL_GRACE_S)
-    for survivor in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            survivor.kill()
 
 
 def rss_drift(samples: list[tuple[int, int]], warmup: int) -> float | None:

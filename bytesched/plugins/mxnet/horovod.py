@@ -132,14 +132,14 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         update arithmetic is plain Horovod's."""
         inner = self._hvd._optimizer
         apply = inner.update_multi_precision if multi_precision else inner.update
+        single = not isinstance(index, (list, tuple))
+        indices, weights, grads = ([index], [weight], [grad]) if single else (index, weight, grad)
         if self._tuning is not None:
-            self._tuning_step([index] if not isinstance(index, (list, tuple)) else list(index),
-                              [weight] if not isinstance(weight, (list, tuple)) else list(weight))
-        if not isinstance(index, (list, tuple)):
-            self._allreduce([index], [grad])
+            self._tuning_step(self._tuning, indices, weights)
+        self._allreduce(indices, grads)
+        if single:
             apply(index, weight, grad, state)
             return
-        self._allreduce(index, grad)
         if inner.aggregate_num <= 0:
             for args in zip(index, weight, grad, state):
                 apply(*args)
@@ -148,12 +148,11 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             chunk = slice(start, start + inner.aggregate_num)
             apply(list(index[chunk]), list(weight[chunk]), list(grad[chunk]), list(state[chunk]))
 
-    def _tuning_step(self, indices: list[Any], weights: list[mx.nd.NDArray]) -> None:
+    def _tuning_step(self, session: TuningSession, indices: Sequence[Any],
+                     weights: Sequence[mx.nd.NDArray]) -> None:
         """Before an update of ``indices``: if one of them was already updated this step (or
         nothing was yet), a step begins; tell the session, after the previous step's weights
         are written (trials time finished steps, not queued ones), and apply what it switches to."""
-        session = self._tuning
-        assert session is not None
         if self._step < 0 or not self._seen.isdisjoint(indices):
             for weight in self._written:
                 weight.wait_to_read()
