@@ -3,15 +3,18 @@ the emulated models, the docs section) and, end to end, the quick mode on a real
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from bytesched.bench.emulated import runner
 from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
 from bytesched.bench.emulated.calibration import Calibration
 from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, PS_PROBES, configuration, probes
@@ -221,6 +224,26 @@ def test_tuner_sized_configuration_runs_the_tuning_jobs_pair_or_is_left_out() ->
                                       tuning_seconds=133.0)
     lines = "\n".join(_calibration({"framework": "mxnet-ps", "calibration": calibration.as_record()}))
     assert "133 s, 2 trials of 20 steps" in lines and "0.5 / 5.657 MB (3.8 steps/s)" in lines
+
+
+def test_progress_total_drops_the_configuration_a_failed_tuning_job_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster and the jobs are stand-ins here: what is checked is the runner's bookkeeping
+    (the end-to-end runs are the quick-mode test below)."""
+    [group], _ = groups(["torch-horovod"], ["vgg16"], [GBIT], [2], ["bytescheduler-tuned", "fifo"])
+    monkeypatch.setattr(runner, "emulated_cluster", lambda *args, **kwargs: contextlib.nullcontext(
+        SimpleNamespace(describe=lambda: "stand-in")))
+    monkeypatch.setattr(runner, "run_calibration", lambda *args: Calibration(0.001, 0.2, 24_000_000))
+    monkeypatch.setattr(runner, "run_job", lambda cluster, group, workload, configs, *rest: [
+        {"config": c.name, "samples_per_second": 1.0} for c in configs])
+    messages: list[str] = []
+    workload = runner.Workload("vgg16", 0.04, 0.5, steps=3, warmup=1, gradient_bytes=24_000_000)
+    runner.run_groups([group], {"vgg16": workload}, 2, "veth", 60.0,
+                      prepare=lambda g, calibration: dataclasses.replace(
+                          g, configurations=tuple(c for c in g.configurations if not c.sized_at_run_time)),
+                      record=lambda g, run: None, failed=lambda *args: None, say=messages.append)
+    assert "  torch-horovod vgg16 1 Gbit/s 2 ranks: left out bytescheduler-tuned (no sizes for it)" in messages
+    progress = [m for m in messages if m.startswith("[")]
+    assert progress[-1].startswith("[4/4 runs]")
 
 
 def test_write_section_replaces_only_its_markers(tmp_path: Path) -> None:

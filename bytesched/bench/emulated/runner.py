@@ -241,7 +241,13 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                             say(f"  {title}: the tuner kept {partition / 1e6:.3f} MB partitions / "
                                 f"{credit / 1e6:.3f} MB credit after {len(calibration.tuning_trials or ())} log "
                                 f"rows in {calibration.tuning_seconds:.0f} s")
-                group = prepare(group, calibration)
+                prepared = prepare(group, calibration)
+                kept = {c.name for c in prepared.configurations}
+                left_out = [c.name for c in group.configurations if c.name not in kept]
+                if left_out:  # a tuner-sized configuration whose tuning job failed
+                    total -= len(left_out) * repeats
+                    say(f"  {title}: left out {', '.join(left_out)} (no sizes for it)")
+                group = prepared
                 for number, jobs in rounds(group, repeats):
                     for configs in jobs:
                         label = f"{title} round {number + 1}/{repeats}"
