@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bytesched.tuning.space import space_for
 from conftest import SCRIPTS, require, require_executable, run_job
 
 
@@ -79,3 +80,32 @@ def test_scheduled_optimizer_tunes_alike_on_every_rank_and_equals_plain_horovod(
     partition, credit = (round(float(mb) * 1e6) for mb in rows[-1][1:3])
     assert kept["0", "adam"] == f"partition={partition} credit={credit}"
 
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_tuning_without_a_floor_searches_a_lattice_fitted_to_the_trainers_parameters(tmp_path: Path) -> None:
+    """Without BYTESCHED_TUNING_FLOOR the session, made at the first update, fits its lattice to
+    the 8,296 bytes of the Trainer's parameters: 64 KB partitions up (the smallest fitted floor),
+    not the 8 MB of the paper's models. Every logged trial and the kept sizes lie on it, and the
+    weights are still plain Horovod's."""
+    require("horovod.mxnet", "Horovod built with MXNet")
+    horovodrun = require_executable("horovodrun")
+    log = tmp_path / "tuning.csv"
+
+    result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "16"],
+                     timeout=120, env={**os.environ, "BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "2",
+                                       "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6", "BYTESCHED_TUNING_WARMUP_STEPS": "0",
+                                       "BYTESCHED_TUNING_LOG": str(log)})
+
+    assert result.returncode == 0, result.stdout[-4000:]
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
+    space = space_for("allreduce", model_bytes=4 * (48 + 48 * 32 + 10 + 10 * 48))
+    lattice = {(round(params.partition_bytes / 1e3), round(params.credit_bytes / 1e3))  # the log's kB
+               for params in map(space.params, space.points())}
+    rows = list(csv.reader(log.open()))[1:]
+    assert rows and all((round(float(row[1]) * 1e3), round(float(row[2]) * 1e3)) in lattice for row in rows), rows
+    kept = set(re.findall(r"HVD MXNET KEPT rank=\d optimizer=adam (.*)", result.stdout))
+    assert len(kept) == 1 and kept != {"none"}, result.stdout[-4000:]

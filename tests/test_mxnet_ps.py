@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bytesched.tuning.space import space_for
 from conftest import SCRIPTS, output_after, require, require_executable, run_job, started
 
 TRAIN = SCRIPTS / "mxnet_train.py"
@@ -156,6 +157,11 @@ def test_tuning_switches_sizes_on_every_worker_alike(plain: Path, tmp_path: Path
     kept = re.findall(r"TRAINED .* tuned=(\S+) repartitions=(\d+)", output)
     assert len(kept) == 2 and kept[0] == kept[1] and kept[0][0] != "none", output[-4000:]
     assert int(kept[0][1]) >= 1, "tuning never changed the partition size"
+    # The script's MLP has 3,010 float32 weights: the lattice fitted to it starts at 64 KB.
+    space = space_for("ps", model_bytes=4 * 3010)
+    partition, credit = (float(size) for size in kept[0][0].split(","))
+    assert any(partition == pytest.approx(space.partition.value(i), rel=1e-5) for i in range(space.partition.size))
+    assert any(credit == pytest.approx(space.credit.value(i), rel=1e-5) for i in range(space.credit.size))
     assert_same_weights(plain / "worker0.npz", tmp_path)
 
 

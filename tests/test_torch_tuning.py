@@ -19,13 +19,16 @@ from typing import Any
 
 import pytest
 
-from bytesched.core import Config
+from bytesched.core import Config, SchedulingParams
 from bytesched.plugins.torch.runtime import needs_channel
 from bytesched.tuning.log import load_best
+from bytesched.tuning.space import space_for
 from conftest import SCRIPTS, require, require_executable, run_job
 from test_torch_plugin import Launch, free_port, job_env
 
 SWITCH_STEPS = [0, 6, 12]
+WIDE_MODEL_BYTES = 4 * (32 * 256 + 256 + 256 * 8192 + 8192 + 8192 * 10 + 10)
+"""The gradient bytes of the script's WideMLP, to which the tuner fits its lattice."""
 TRIAL_ENV = {"BYTESCHED_TUNING_MAX_TRIALS": "2", "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6",
              "BYTESCHED_TUNING_WARMUP_STEPS": "0", "BYTESCHED_LOG_LEVEL": "INFO"}
 TUNED_RE = re.compile(r"TUNED (\{[^{}]*\})")
@@ -115,6 +118,9 @@ def test_horovod_tuning_finishes_its_trials_ranks_agree_and_results_are_unchange
     assert [step for step, _, _ in agreed["applied"]] == SWITCH_STEPS
     assert agreed["applied"][-1][1:] == agreed["tuned"]
     assert [round(size, -3) for size in agreed["tuned"]] == kept_sizes(log_dir / "tune.csv")  # MB to the kB
+    space = space_for("allreduce", model_bytes=WIDE_MODEL_BYTES)  # 137 KB to 8.8 MB partitions
+    lattice = {space.params((i, j)) for i, j in space.points()}
+    assert all(SchedulingParams(partition, credit) in lattice for _, partition, credit in agreed["applied"])
     with (log_dir / "tune.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert [row["trial"] for row in rows] == ["0", "1", "best"]

@@ -20,7 +20,7 @@ from bytesched.tuning.measure import StepTimer, robust_throughput
 from bytesched.tuning.protocol import Applied, Switch, TuningProtocolError
 from bytesched.tuning.search import MIN_INITIAL, STOP_PATIENCE, BayesianSearch
 from bytesched.tuning.session import make_session
-from bytesched.tuning.space import SPACES, space_for
+from bytesched.tuning.space import SMALLEST_FLOOR, SPACES, space_for
 from bytesched.tuning.tuner import ANNOUNCE_LEAD, FixedChoice, TrialPlan, Tuner
 
 PS = space_for("ps")
@@ -71,6 +71,25 @@ def test_floor_moves_the_lattice_down_for_the_session() -> None:
     for bad in ("256KB", "256KB:inf", "256KB:0", "a:1MB"):
         with pytest.raises(ConfigError, match="BYTESCHED_TUNING_FLOOR"):
             from_env({"BYTESCHED_TUNING_FLOOR": bad})
+
+
+def test_a_model_smaller_than_the_lattice_moves_it_down_to_end_at_the_whole_model() -> None:
+    """Without a floor, a 24 MB model searches partitions of 375 KB to 24 MB (credits keep the
+    architecture's ratio); VGG16-sized models keep the paper's bounds; an explicit floor wins; a
+    tiny model stops at 64 KB. The session opens at the configured sizes' nearest moved point."""
+    small = space_for("allreduce", model_bytes=24_000_000)
+    assert (small.partition.low, small.credit.low, small.partition.high) == (375_000, 750_000, 24_000_000)
+    assert space_for("allreduce", model_bytes=553_000_000) == SPACES["allreduce"]
+    ps = space_for("ps", model_bytes=24_000_000)
+    assert (ps.partition.low, ps.credit.low) == (375_000, 1_500_000)
+    assert space_for("ps", model_bytes=40_000_000) == SPACES["ps"]
+    assert (space_for("ps", model_bytes=100_000).partition.low, space_for("ps", model_bytes=100_000).credit.low) == (
+        SMALLEST_FLOOR, 4 * SMALLEST_FLOOR)
+    assert space_for("allreduce", (256_000, 1_000_000), model_bytes=24_000_000).partition.low == 256_000
+    session = make_session(from_env({"BYTESCHED_TUNING": "1"}), rank=0, world_size=1, channel=None,
+                           arch="allreduce", model_bytes=24_000_000)
+    opening = small.params(small.nearest(SchedulingParams(4_000_000, 16_000_000), 4_000_000))
+    assert session is not None and session.on_step(0) == opening == SchedulingParams(4_242_641, 16_970_563)
 
 
 # -- measuring a trial ----------------------------------------------------------------------------

@@ -287,10 +287,12 @@ VARIABLES: tuple[Variable, ...] = (
              "the simulator predicts good first points from; needs BYTESCHED_TUNING_BANDWIDTH."),
     Variable("BYTESCHED_TUNING_BANDWIDTH", "tuning_bandwidth", _text, "(off)",
              "Tuning warm start: measured per-worker network bandwidth, e.g. 10Gbps."),
-    Variable("BYTESCHED_TUNING_FLOOR", "tuning_floor", _size_pair, "(8MB:16MB all-reduce, 500KB:2MB PS)",
+    Variable("BYTESCHED_TUNING_FLOOR", "tuning_floor", _size_pair,
+             "(8MB:16MB all-reduce, 500KB:2MB PS; 1/64 of a smaller model)",
              "Tuning: the smallest partition and credit searched, as PARTITION:CREDIT; each knob's lattice "
-             "spans six octaves up from there. Lower it for small models or slow networks, where pieces "
-             "smaller than the defaults pay off (docs/tuning.md)."),
+             "spans six octaves up from there. By default a model smaller than the lattice's top moves it "
+             "down to end at the whole model; set it for a slow network, where smaller pieces still pay "
+             "off (docs/tuning.md)."),
 )
 
 # The original ByteScheduler's variables count 4-byte elements.

@@ -207,17 +207,19 @@ class TuningSession:
 
 
 def make_session(config: Config, *, rank: int, world_size: int,
-                 channel: LeaderChannel | FollowerChannel | None, arch: str) -> TuningSession | None:
+                 channel: LeaderChannel | FollowerChannel | None, arch: str,
+                 model_bytes: int | None = None) -> TuningSession | None:
     """The tuning session this rank's plugin drives, or None when neither ``BYTESCHED_TUNING``
     nor ``BYTESCHED_TUNING_LOAD`` is set (the fixed sizes of ``config.params`` then apply).
 
-    ``arch`` (``allreduce`` or ``ps``) picks the search space. Bad settings raise ConfigError
-    here, at start-up, on every rank.
+    ``arch`` (``allreduce`` or ``ps``) picks the search space, which a small model's gradient
+    bytes ``model_bytes`` move down (:func:`~bytesched.tuning.space.space_for`; every rank
+    passes the same). Bad settings raise ConfigError here, on every rank.
     """
     if not (config.tuning or config.tuning_load):
         return None
     plan = TrialPlan(config.tuning_steps_per_trial, config.tuning_warmup_steps)
-    space = space_for(arch, config.tuning_floor)
+    space = space_for(arch, config.tuning_floor, model_bytes)
     # Trial 0: the configured sizes on the lattice, which every rank computes alike from its own
     # settings (rank 0 checks that through the confirmations). Loading only: rank 0's message.
     default_partition = make_policy(config.policy, config.params).partition_bytes()

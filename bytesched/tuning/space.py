@@ -105,15 +105,30 @@ SPACES: dict[str, SearchSpace] = {
 }
 
 
-def space_for(arch: str, floor: tuple[int, int] | None = None) -> SearchSpace:
-    """The search space of ``arch`` (``ps`` or ``allreduce``), or with ``floor`` (the smallest
-    partition and credit, ``BYTESCHED_TUNING_FLOOR``) the same lattice moved to start there: the
-    default bounds fit the paper's models at 100 Gbps, while a small model or a slow network wants
-    smaller pieces than an 8 MB all-reduce partition."""
+SMALLEST_FLOOR = 64_000
+"""The lowest partition a model's size moves the lattice to (64 KB): below it every partition
+costs more in per-message overhead than it can gain in order."""
+
+
+def space_for(arch: str, floor: tuple[int, int] | None = None, model_bytes: int | None = None) -> SearchSpace:
+    """The search space of ``arch`` (``ps`` or ``allreduce``).
+
+    With ``floor`` (the smallest partition and credit, ``BYTESCHED_TUNING_FLOOR``) the lattice
+    is moved to start there. Otherwise, for a model of ``model_bytes`` gradient bytes smaller
+    than the lattice's largest partition, it is moved down until that largest partition is the
+    whole model (never below :data:`SMALLEST_FLOOR`), keeping the architecture's ratio of credit
+    to partition. The default bounds fit the paper's models (VGG16's 553 MB is about the
+    all-reduce lattice's top, 512 MB); on a smaller model most of them would be partitions that
+    cut no tensor, and the tuner could only choose how many whole tensors fly at once.
+    """
     try:
         space = SPACES[arch]
     except KeyError:
         raise ConfigError(f"tuning: architecture {arch!r} is unknown: expected one of {', '.join(SPACES)}") from None
+    if floor is None and model_bytes is not None:
+        low = max(SMALLEST_FLOOR, model_bytes // 2 ** OCTAVES)
+        if low < space.partition.low:
+            floor = low, low * space.credit.low // space.partition.low
     if floor is None:
         return space
     return SearchSpace(arch, Axis("partition", floor[0]), Axis("credit", floor[1]))

@@ -60,8 +60,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   sized_by="simulator"),
     Configuration("bytescheduler-tuned", "bytesched, bytescheduler policy, the partition and credit sizes "
                   "bytesched's auto-tuner kept in a tuning job of the same cell before the runs (BYTESCHED_TUNING=1, "
-                  "trials of 20 steps, all-reduce lattice from 256 KB / 1 MB with BYTESCHED_TUNING_FLOOR; then fixed, "
-                  "as a user's next job gets them with BYTESCHED_TUNING_LOAD)",
+                  "trials of 20 steps, on the lattice fitted to the model, 375 KB to 24 MB partitions for the "
+                  "24 MB models; before session 11, all-reduce from 256 KB / 1 MB with BYTESCHED_TUNING_FLOOR and PS "
+                  "from 500 KB / 2 MB; then fixed, as a user's next job gets them with BYTESCHED_TUNING_LOAD)",
                   policy="bytescheduler", simulated_as="bytescheduler", sized_by="tuner"),
     Configuration("probe-coarse", "calibration: bytesched at 4 MB partitions / 16 MB credit", policy="bytescheduler",
                   params=SchedulingParams(partition_bytes=4 << 20, credit_bytes=16 << 20),
@@ -73,9 +74,10 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   policy="bytescheduler", params=SchedulingParams(partition_bytes=256 << 10, credit_bytes=1 << 20),
                   simulated_as="bytescheduler"),
     Configuration("tuned", "bytesched, bytescheduler policy, BYTESCHED_TUNING=1 from the job's start: the timed "
-                  "steps fall in the tuner's first trial, the default sizes rounded onto its lattice (all-reduce: "
-                  "8 MB / 16 MB, the lattice's smallest partition; PS: 4 MB / 16 MB), so this shows what tuning "
-                  "costs while it searches, not what it finds (that is `bytescheduler-tuned`)",
+                  "steps fall in the tuner's first trial, the default sizes rounded onto its lattice (since session 11 "
+                  "fitted to the model: 4.2 MB / 17 MB for the 24 MB models; before, all-reduce 8 MB / 16 MB, the "
+                  "lattice's smallest partition, and PS 4 MB / 16 MB), so this shows what tuning costs while it "
+                  "searches, not what it finds (that is `bytescheduler-tuned`)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
@@ -93,10 +95,6 @@ TUNING_STEPS_PER_TRIAL = 20
 TUNING_WARMUP_STEPS = 5
 """A tuning job's trials: shorter than the library's default of 50 steps (10 unmeasured) so that
 a cell's tuning takes minutes; 12 steps are measured per trial (the last 3 are the lead)."""
-TUNING_FLOORS = {"allreduce": "256KB:1MB"}
-"""``BYTESCHED_TUNING_FLOOR`` of a tuning job, per architecture: the default all-reduce lattice
-starts at 8 MB partitions, a third of a scaled model's 24 MB, where the simulator's choices
-are 1-4 MB; from 256 KB it spans the simulator's grid. The PS lattice (0.5-32 MB) already does."""
 PROBES = ("probe-coarse", "probe-fine")
 """The two partition sizes whose measured step times fit bytesched's per-message overhead."""
 PS_PROBES = (*PROBES, "probe-small")

@@ -19,7 +19,7 @@ from ...emulation import Cluster, Job, emulated_cluster, format_rate
 from ...tuning.log import load_best
 from .calibration import Calibration
 from .cells import Group, rounds
-from .configs import (CONFIGURATIONS, TUNING, TUNING_FLOORS, TUNING_STEPS_PER_TRIAL, TUNING_WARMUP_STEPS,
+from .configs import (CONFIGURATIONS, TUNING, TUNING_STEPS_PER_TRIAL, TUNING_WARMUP_STEPS,
                       Configuration, probes as probe_names)
 from .protocol import MARKER, parse, worker_argv
 
@@ -99,7 +99,7 @@ def run_tuning(cluster: Cluster, group: Group, workload: Workload, calibration: 
     """``calibration`` with the pair bytesched's auto-tuner keeps on ``workload``: one job runs the
     tuning configuration (:data:`.configs.TUNING`) with trials of :data:`.configs.TUNING_STEPS_PER_TRIAL`
     steps for as many steps as its most trials take (the environment's
-    ``BYTESCHED_TUNING_MAX_TRIALS``, 15 unset), on the lattice of :data:`.configs.TUNING_FLOORS`,
+    ``BYTESCHED_TUNING_MAX_TRIALS``, 15 unset), on the lattice the library fits to the model,
     writing the tuning log, whose kept pair is read as a user's next job reads it
     (``BYTESCHED_TUNING_LOAD``: the ``best`` row, or the fastest trial if the search had not
     ended). JobFailed if the job fails or its log holds no trial."""
@@ -110,8 +110,6 @@ def run_tuning(cluster: Cluster, group: Group, workload: Workload, calibration: 
         env = {**dict(CONFIGURATIONS[TUNING].env), "BYTESCHED_TUNING_LOG": str(log),
                "BYTESCHED_TUNING_STEPS_PER_TRIAL": str(TUNING_STEPS_PER_TRIAL),
                "BYTESCHED_TUNING_WARMUP_STEPS": str(TUNING_WARMUP_STEPS)}
-        if group.framework.arch in TUNING_FLOORS:
-            env["BYTESCHED_TUNING_FLOOR"] = TUNING_FLOORS[group.framework.arch]
         started = time.monotonic()
         job = launch(cluster, group, _worker_args(dataclasses.replace(workload, steps=steps, warmup=0), group,
                                                   runs=[(TUNING, 0)]), env)

@@ -16,9 +16,11 @@ global one. Everything else (learning rate, states) is Horovod's optimizer's, as
 
 Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``) runs a
 :class:`~bytesched.tuning.TuningSession` over a rank-0 channel, whose free port rank 0 shares
-with one Horovod broadcast. A Trainer index updated again begins a new step (Gluon updates each
-parameter once per step); there, once the last step's weights are written, the session hears
-of the step and the sizes it returns apply from that step's first all-reduce on every rank.
+with one Horovod broadcast; the session is made at the first update, where the Trainer's
+parameters give the model's size that fits the tuner's lattice. A Trainer index updated again
+begins a new step (Gluon updates each parameter once per step); there, once the last step's
+weights are written, the session hears of the step and the sizes it returns apply from that
+step's first all-reduce on every rank.
 """
 
 from __future__ import annotations
@@ -72,12 +74,12 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._partition_bytes = make_policy(self._config.policy, self._config.params).partition_bytes()
         self._avatars: dict[str, Avatars] = {}
         self._buckets: dict[int, Bucket] = {}
-        channel = None
-        if (self._config.tuning or self._config.tuning_load) and size > 1:
-            channel = open_channel(self._config, rank, size, share_port=_broadcast_int)
-            atexit.register(channel.close)
-        self._tuning: TuningSession | None = make_session(self._config, rank=rank, world_size=size,
-                                                          channel=channel, arch="allreduce")
+        self._channel = None
+        self._tuning_wanted = bool(self._config.tuning or self._config.tuning_load)
+        if self._tuning_wanted and size > 1:
+            self._channel = open_channel(self._config, rank, size, share_port=_broadcast_int)
+            atexit.register(self._channel.close)
+        self._tuning: TuningSession | None = None  # made at the first update, when the model's size is known
         self.tuned_params: SchedulingParams | None = None
         """The partition and credit sizes tuning kept, the same on every rank (None while tuning
         still searches, and without tuning)."""
@@ -134,6 +136,10 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         apply = inner.update_multi_precision if multi_precision else inner.update
         single = not isinstance(index, (list, tuple))
         indices, weights, grads = ([index], [weight], [grad]) if single else (index, weight, grad)
+        if self._tuning_wanted:
+            self._tuning_wanted = False
+            self._tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=self._channel,
+                                        arch="allreduce", model_bytes=self._model_bytes(grads))
         if self._tuning is not None:
             self._tuning_step(self._tuning, indices, weights)
         self._allreduce(indices, grads)
@@ -147,6 +153,15 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         for start in range(0, len(index), inner.aggregate_num):
             chunk = slice(start, start + inner.aggregate_num)
             apply(list(index[chunk]), list(weight[chunk]), list(grad[chunk]), list(state[chunk]))
+
+    def _model_bytes(self, grads: Sequence[mx.nd.NDArray]) -> int:
+        """The model's gradient bytes, the same on every rank: of the parameters Gluon's Trainer
+        handed this optimizer (``param_dict``), else of the gradients of this first update."""
+        params = self.__dict__.get("param_dict")
+        if params:
+            return sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize
+                       for p in params.values() if p.grad_req != "null")
+        return sum(g.size * np.dtype(g.dtype).itemsize for g in grads)
 
     def _tuning_step(self, session: TuningSession, indices: Sequence[Any],
                      weights: Sequence[mx.nd.NDArray]) -> None:

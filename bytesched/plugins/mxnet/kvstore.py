@@ -195,9 +195,8 @@ class ScheduledKVStore(KVStoreBase):
         self.step = 0
         self._seen: set[tuple[str, UserKey]] = set()
         self._pending: tuple[SchedulingParams, int | None] | None = None
-        self._tuning: TuningSession | None = make_session(self.config, rank=self.core_rank,
-                                                          world_size=self.world_size,
-                                                          channel=self._channel, arch="ps")
+        self._tuning_wanted = tuning
+        self._tuning: TuningSession | None = None  # made at the first push or pull (the model's size is known)
         self._tuned_step = -1  # the last step the tuning session was told about
         self._closed = False
         atexit.register(self.close)
@@ -391,6 +390,11 @@ class ScheduledKVStore(KVStoreBase):
         if (kind, user_key) in self._seen:
             self.step += 1
             self._seen.clear()
+        if self._tuning_wanted:  # every key was initialised: their bytes fit the tuner's lattice
+            self._tuning_wanted = False
+            self._tuning = make_session(self.config, rank=self.core_rank, world_size=self.world_size,
+                                        channel=self._channel, arch="ps",
+                                        model_bytes=sum(layout.nbytes for layout in self._table.layouts()))
         if self._tuning is not None and not self._tuning.done and self.step > self._tuned_step:
             self._tuning_step()
         if not self._seen:

@@ -106,7 +106,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._samples_per_step = samples_per_step
         self.tuned_params: SchedulingParams | None = None
         """The partition and credit sizes tuning kept (the same on every rank), once it is over."""
-        self._tuning = self._start_tuning(config, backend)
+        self._tuning = self._start_tuning(config, backend, sum(slot.param.numel() * slot.param.element_size()
+                                                              for slot in slots))
         if self._tuning is not None:
             self._tuning_step(self._tuning)  # the opening sizes, before any CommTask exists
         self._closed = False
@@ -242,8 +243,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                        "while bytesched is still all-reducing them; " + ESCAPE_HATCH)
         return False
 
-    def _start_tuning(self, config: Config, backend: Backend) -> TuningSession | None:
-        """The tuning session driving this Core's sizes (None when tuning is off). Only the first
+    def _start_tuning(self, config: Config, backend: Backend, model_bytes: int) -> TuningSession | None:
+        """The tuning session driving this Core's sizes (None when tuning is off), searching a
+        lattice fitted to the ``model_bytes`` of gradients this optimizer reduces. Only the first
         optimizer on a Core tunes (a GAN's second one shares the Core, so it runs on the sizes
         the first one picks)."""
         if (config.tuning or config.tuning_load) and self._core in _tuned_cores:
@@ -251,7 +253,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                      "sizes; this one uses them")
             return None
         session = make_session(config, rank=backend.rank, world_size=backend.size, channel=channel_of(self._core),
-                               arch="allreduce")
+                               arch="allreduce", model_bytes=model_bytes)
         if session is not None:
             _tuned_cores.add(self._core)
         return session
