@@ -48,6 +48,24 @@ def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
         assert tensors == {"allreduce:0", "allreduce:1", "allreduce:2+1"}
 
 
+TUNING_ENV = {"BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "2", "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6",
+              "BYTESCHED_TUNING_WARMUP_STEPS": "0"}
+"""Two trials of 6 steps, all measured: over 16 steps the kept sizes apply from step 12."""
+
+
+def tuning_job(log: Path, env: dict[str, str]) -> str:
+    """16 steps of the script on 2 ranks, tuning with :data:`TUNING_ENV` and ``env``, logging to
+    ``log``: its output, after checking that both ranks' weights equal plain Horovod's."""
+    require("horovod.mxnet", "Horovod built with MXNet")
+    result = run_job([require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "16"],
+                     timeout=120, env={**os.environ, **TUNING_ENV, **env, "BYTESCHED_TUNING_LOG": str(log)})
+    assert result.returncode == 0, result.stdout[-4000:]
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
+    return result.stdout
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 def test_scheduled_optimizer_tunes_alike_on_every_rank_and_equals_plain_horovod(tmp_path: Path) -> None:
@@ -55,31 +73,19 @@ def test_scheduled_optimizer_tunes_alike_on_every_rank_and_equals_plain_horovod(
     (BYTESCHED_TUNING_FLOOR), so that the trials cut the 6 KB weight differently; over 16 steps
     both ranks keep the same sizes (switched at step 12), which are rank 0's log's best row, and
     the weights are plain Horovod's."""
-    require("horovod.mxnet", "Horovod built with MXNet")
-    horovodrun = require_executable("horovodrun")
     log = tmp_path / "tuning.csv"
+    output = tuning_job(log, {"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "3000",
+                              "BYTESCHED_FUSION_BYTES": "2500", "BYTESCHED_TUNING_FLOOR": "1000:3000"})
 
-    result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "16"],
-                     timeout=120, env={**os.environ, "BYTESCHED_PARTITION_BYTES": "1000",
-                                       "BYTESCHED_CREDIT_BYTES": "3000", "BYTESCHED_FUSION_BYTES": "2500",
-                                       "BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "2",
-                                       "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6", "BYTESCHED_TUNING_WARMUP_STEPS": "0",
-                                       "BYTESCHED_TUNING_FLOOR": "1000:3000", "BYTESCHED_TUNING_LOG": str(log)})
-
-    assert result.returncode == 0, result.stdout[-4000:]
-    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
-    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
     kept = {(rank, optimizer): sizes for rank, optimizer, sizes
-            in re.findall(r"HVD MXNET KEPT rank=(\d) optimizer=(\w+) (.*)", result.stdout)}
-    assert set(kept) == {(r, o) for r in "01" for o in ("sgd", "adam")}, result.stdout[-4000:]
+            in re.findall(r"HVD MXNET KEPT rank=(\d) optimizer=(\w+) (.*)", output)}
+    assert set(kept) == {(r, o) for r in "01" for o in ("sgd", "adam")}, output[-4000:]
     for optimizer in ("sgd", "adam"):
         assert kept["0", optimizer] == kept["1", optimizer] != "none"
     rows = list(csv.reader(log.open()))  # the second (Adam) run's session rewrote the log
     assert [row[0] for row in rows[1:]] == ["0", "1", "best"]
     partition, credit = (round(float(mb) * 1e6) for mb in rows[-1][1:3])
     assert kept["0", "adam"] == f"partition={partition} credit={credit}"
-
 
 
 @pytest.mark.multiproc
@@ -89,23 +95,13 @@ def test_tuning_without_a_floor_searches_a_lattice_fitted_to_the_trainers_parame
     the 8,296 bytes of the Trainer's parameters: 64 KB partitions up (the smallest fitted floor),
     not the 8 MB of the paper's models. Every logged trial and the kept sizes lie on it, and the
     weights are still plain Horovod's."""
-    require("horovod.mxnet", "Horovod built with MXNet")
-    horovodrun = require_executable("horovodrun")
     log = tmp_path / "tuning.csv"
+    output = tuning_job(log, {})
 
-    result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
-                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "16"],
-                     timeout=120, env={**os.environ, "BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "2",
-                                       "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6", "BYTESCHED_TUNING_WARMUP_STEPS": "0",
-                                       "BYTESCHED_TUNING_LOG": str(log)})
-
-    assert result.returncode == 0, result.stdout[-4000:]
-    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
-    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
     space = space_for("allreduce", model_bytes=4 * (48 + 48 * 32 + 10 + 10 * 48))
     lattice = {(round(params.partition_bytes / 1e3), round(params.credit_bytes / 1e3))  # the log's kB
                for params in map(space.params, space.points())}
     rows = list(csv.reader(log.open()))[1:]
     assert rows and all((round(float(row[1]) * 1e3), round(float(row[2]) * 1e3)) in lattice for row in rows), rows
-    kept = set(re.findall(r"HVD MXNET KEPT rank=\d optimizer=adam (.*)", result.stdout))
-    assert len(kept) == 1 and kept != {"none"}, result.stdout[-4000:]
+    kept = set(re.findall(r"HVD MXNET KEPT rank=\d optimizer=adam (.*)", output))
+    assert len(kept) == 1 and kept != {"none"}, output[-4000:]

@@ -49,8 +49,9 @@ Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``). Every worker drives a
 ``on_step`` and applies the sizes it returns with the re-partitioning above, so every worker
 switches partition size at the same step. While tuning, the step boundary first waits for the
 previous step's communication: MXNet's Python thread otherwise runs ahead of the engine, and the
-tuner would time the posting of operations instead of the training. The kept sizes are
-:attr:`ScheduledKVStore.tuned_params`.
+tuner would time the posting of operations instead of the training. The session is made at the
+first push or pull, when every key is initialised, because the keys' bytes fit its lattice to the
+model. The kept sizes are :attr:`ScheduledKVStore.tuned_params`.
 """
 
 from __future__ import annotations
