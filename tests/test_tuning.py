@@ -83,8 +83,8 @@ def test_a_model_smaller_than_the_lattice_moves_it_down_to_end_at_the_whole_mode
     ps = space_for("ps", model_bytes=24_000_000)
     assert (ps.partition.low, ps.credit.low) == (375_000, 1_500_000)
     assert space_for("ps", model_bytes=40_000_000) == SPACES["ps"]
-    assert (space_for("ps", model_bytes=100_000).partition.low, space_for("ps", model_bytes=100_000).credit.low) == (
-        SMALLEST_FLOOR, 4 * SMALLEST_FLOOR)
+    tiny = space_for("ps", model_bytes=100_000)
+    assert (tiny.partition.low, tiny.credit.low) == (SMALLEST_FLOOR, 4 * SMALLEST_FLOOR)
     assert space_for("allreduce", (256_000, 1_000_000), model_bytes=24_000_000).partition.low == 256_000
     session = make_session(from_env({"BYTESCHED_TUNING": "1"}), rank=0, world_size=1, channel=None,
                            arch="allreduce", model_bytes=24_000_000)
