@@ -38,4 +38,3 @@ def end_job(proc: subprocess.Popen[str]) -> None:
     for survivor in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             survivor.kill()
-
