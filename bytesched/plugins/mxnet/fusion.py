@@ -7,12 +7,19 @@ server cannot fuse safely: Gluon pushes one key per call and nothing marks the l
 step. The Horovod path can, because :class:`~bytesched.plugins.mxnet.ScheduledOptimizer` declares
 aggregation, so Gluon's Updater hands it every gradient of one dtype in one ``update`` call. Runs
 of consecutive indices of that call holding at most ``fusion_bytes`` together
-(:func:`bytesched.core.fusion_runs`, the PyTorch plugin's rule) form a :class:`Bucket`: one engine
-operation concatenates their gradients into the bucket's flat buffer, the buffer is partitioned
-and all-reduced like any gradient, and engine copies put it back into the gradients before the
-optimizer reads them. Concatenation and copies are exact, so the per-element arithmetic is the
-unfused all-reduce's. Every rank's Trainer lists the same parameters in the same order (Horovod
-names tensors by that index too), so the buckets agree without an exchange.
+(:func:`bytesched.core.fusion_runs`, the PyTorch plugin's rule) form a :class:`Bucket`: engine
+copies put their gradients into the bucket's flat buffer, the buffer is partitioned and
+all-reduced like any gradient, and copies put it back into the gradients before the optimizer
+reads them. Copies are exact, so the per-element arithmetic is the unfused all-reduce's. Every
+rank's Trainer lists the same parameters in the same order (Horovod names tensors by that index
+too), so the buckets agree without an exchange.
+
+The copies are ``NDArray.copyto``, the engine's plain copy, and not ``concat`` or ``identity``.
+Those two take one of MXNet's shared temp-space variables (``MXNET_CPU_TEMP_COPY``, four by
+default, handed out round-robin). A pack is posted before backward writes its gradients, and an
+unpack before the all-reduce. Each would hold its variable until then, and every later operation
+drawing the same variable (later buckets, the model's own layers) would wait behind it. That cost
+MXNet over Horovod 5-10 % at 5-10 Gbit/s (docs/benchmarks.md, "Session 12").
 """
 
 from __future__ import annotations
@@ -52,10 +59,11 @@ class Bucket:
                 and all(a is b for a, b in zip(grads, self._grads)))
 
     def pack(self) -> None:
-        """Post the copy of the gradients into the buffer (after whatever last wrote them)."""
-        mx.nd.concat(*self._flats, dim=0, out=self.buffer)
+        """Post the copies of the gradients into the buffer (after whatever last wrote them)."""
+        for flat, piece in zip(self._flats, self._slices):
+            flat.copyto(piece)
 
     def unpack(self) -> None:
         """Post the copies of the reduced buffer back into the gradients (after the all-reduce)."""
         for piece, flat in zip(self._slices, self._flats):
-            mx.nd.identity(piece, out=flat)
+            piece.copyto(flat)
