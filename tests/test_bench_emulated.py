@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from bytesched.core.config import SchedulingParams
 from bytesched.emulation import unavailable_reason
 from bytesched.sim.predict import simulate
 from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
+from bytesched.sim.simulator import VANILLA
 from conftest import require, run_job
 
 GBIT = 10**9
@@ -155,19 +157,34 @@ def test_the_simulated_compute_is_the_measured_one() -> None:
     assert Calibration.from_record(measured.as_record()) == measured
 
 
+SLOWER = 1.2
+"""How much slower than the simulator the fitting tests' "measured" jobs run as a whole: the
+simulator's own error on a job, which the fitted cost must not absorb."""
+
+
+def plain_baseline(profile: ModelProfile, options: dict[str, Any]) -> tuple[float, float]:
+    """The (simulated, "measured") plain step of the fitting tests."""
+    plain = simulate(profile, policies=[VANILLA], **options).predictions[0].vanilla.iteration_time
+    return plain, SLOWER * plain
+
+
 @pytest.mark.parametrize("arch, theta", [("allreduce", 0.004), ("ps", 0.0015)])
 def test_fitted_overhead_recovers_the_cost_that_produced_the_probe_times(arch: str, theta: float) -> None:
-    """Probe times simulated at a known per-message cost give that cost back."""
+    """Probe times simulated at a known per-message cost give that cost back, also when the whole
+    job, plain path included, runs slower than the simulator says."""
     [group], _ = groups(["torch-horovod" if arch == "allreduce" else "mxnet-ps"], ["vgg16"], [GBIT], [2], [])
     profile = scaled_profile("vgg16", Scale(size=0.015, time=0.2))
     options = cluster_options(group, "full-duplex", Calibration(0.002, 0.08, 8_000_000))
     coarse, fine = (CONFIGURATIONS[name].params for name in PROBES)
-    measured = [simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes, credit=p.credit_bytes,
-                         **{**options, "overhead": theta}).predictions[0].result("bytescheduler").iteration_time
+    measured = [SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
+                                  credit=p.credit_bytes, **{**options, "overhead": theta}).predictions[0]
+                .result("bytescheduler").iteration_time
                 for p in (coarse, fine)]
-    assert fit_scheduled_overhead(profile, options, *measured) == pytest.approx(theta, rel=0.06)
+    baseline = plain_baseline(profile, options)
+    assert fit_scheduled_overhead(profile, options, *measured, baseline) == pytest.approx(theta, rel=0.06)
     if arch == "allreduce":  # slower than anything the grid explains: its largest cost
-        assert fit_scheduled_overhead(profile, options, 100.0, 100.0) == pytest.approx(MAX_OVERHEAD, rel=0.1)
+        assert fit_scheduled_overhead(profile, options, 100.0, 100.0, baseline) == pytest.approx(MAX_OVERHEAD,
+                                                                                                  rel=0.1)
 
 
 def test_fitted_ps_latency_recovers_the_delay_that_produced_the_probe_times() -> None:
@@ -178,12 +195,16 @@ def test_fitted_ps_latency_recovers_the_delay_that_produced_the_probe_times() ->
     calibration = Calibration(0.002, 0.08, 8_000_000)
     options = cluster_options(group, "full-duplex", calibration)
     assert probes("ps") == PS_PROBES and len(PS_PROBES) == 3 and probes("allreduce") == PROBES
-    measured = tuple(simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
-                              credit=p.credit_bytes, **{**options, "latency": 0.003}).predictions[0]
+    measured = tuple(SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
+                                       credit=p.credit_bytes, **{**options, "latency": 0.003}).predictions[0]
                      .result("bytescheduler").iteration_time
                      for p in (CONFIGURATIONS[name].params for name in PS_PROBES))
-    assert fit_scheduled_latency(profile, options, measured) == pytest.approx(0.003, rel=0.08)
-    fitted = fit_probes("ps", profile, options, dataclasses.replace(calibration, probe_seconds=measured))
+    baseline = plain_baseline(profile, options)
+    assert fit_scheduled_latency(profile, options, measured, baseline) == pytest.approx(0.003, rel=0.08)
+    with pytest.raises(ValueError, match="without the plain path"):
+        fit_probes("ps", profile, options, dataclasses.replace(calibration, probe_seconds=measured))
+    fitted = fit_probes("ps", profile, options, dataclasses.replace(calibration, probe_seconds=measured,
+                                                                    probe_baseline_seconds=baseline[1]))
     assert fitted.scheduled_overhead is None and fitted.scheduled_latency == pytest.approx(0.003, rel=0.08)
     assert fitted.simulator_options("ps", 2, scheduled=True)["latency"] == fitted.scheduled_latency
     assert fitted.simulator_options("ps", 2)["latency"] == 0.0
@@ -244,6 +265,33 @@ def test_progress_total_drops_the_configuration_a_failed_tuning_job_left_out(mon
     assert "  torch-horovod vgg16 1 Gbit/s 2 ranks: left out bytescheduler-tuned (no sizes for it)" in messages
     progress = [m for m in messages if m.startswith("[")]
     assert progress[-1].startswith("[4/4 runs]")
+
+
+@pytest.mark.parametrize("framework", ["torch-horovod", "mxnet-horovod"])
+def test_calibration_runs_the_plain_path_with_the_probes(framework: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probes' yardstick is measured in the same calibration: in one job around the probes
+    (V A B B A V), or one job each where a process runs one configuration; the report says it.
+    Stand-in jobs: what is checked is the bookkeeping."""
+    [group], _ = groups([framework], ["vgg16"], [GBIT], [2], ["bytescheduler-sim"])
+    step = {"vanilla": 0.30, "probe-coarse": 0.25, "probe-fine": 0.35}
+    jobs: list[list[str]] = []
+
+    def stand_in_job(cluster: Any, group: Any, workload: Any, configs: Any, *rest: Any) -> list[dict]:
+        jobs.append([c.name for c in configs])
+        return [{"config": c.name, "seconds": 10 * step[c.name], "steps": 10} for c in configs]
+    monkeypatch.setattr(runner, "launch", lambda *args: None)
+    monkeypatch.setattr(runner, "_finish", lambda *args, **kwargs: [
+        {"calibration": Calibration(0.001, 0.2, 24_000_000).as_record()}])
+    monkeypatch.setattr(runner, "run_job", stand_in_job)
+    workload = runner.Workload("vgg16", 0.04, 0.5, steps=10, warmup=1, gradient_bytes=24_000_000)
+    calibration = runner.run_calibration(None, group, workload, 60.0, lambda line: None)
+    order = ["vanilla", "probe-coarse", "probe-fine"]
+    assert jobs == ([[name] for name in order] if group.framework.one_run_per_job else [order + order[::-1]])
+    assert calibration.probe_seconds == pytest.approx((0.25, 0.35))
+    assert calibration.probe_baseline_seconds == pytest.approx(0.30)
+    record = dataclasses.replace(calibration, scheduled_overhead=0.002).as_record()
+    lines = "\n".join(_calibration({"framework": framework, "calibration": record}))
+    assert "against 300 ms on the plain path" in lines
 
 
 def test_write_section_replaces_only_its_markers(tmp_path: Path) -> None:

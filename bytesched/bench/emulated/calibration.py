@@ -13,11 +13,12 @@ and the prediction and the simulator-chosen sizes use those two figures.
 bytesched's own path costs more per sub-task than the framework's bare operation (the Core,
 the plugin's start and completion, the rank-0 order for a PS, Python on a loaded CPU). Where a
 group runs ``bytescheduler-sim``, the calibration also runs the workload itself under fixed
-partition sizes (the ``probe-*`` configurations: two for all-reduce, three for a PS) and
-:func:`.prediction.fit_probes` finds the cost with which the simulator reproduces them: a
-per-message overhead for all-reduce, a pipelined per-message latency for a PS (whose credit,
-not its connections, is what such a delay starves); the scheduled configurations are then
-predicted, and their sizes chosen, with that cost. Where a group runs ``bytescheduler-tuned``, a
+partition sizes (the ``probe-*`` configurations: two for all-reduce, three for a PS) and on the
+framework's plain path, and :func:`.prediction.fit_probes` finds the cost with which the
+simulator reproduces the probes' step times relative to the plain one: a per-message overhead
+for all-reduce, a pipelined per-message latency for a PS (whose credit, not its connections, is
+what such a delay starves); the scheduled configurations are then predicted, and their sizes
+chosen, with that cost. Where a group runs ``bytescheduler-tuned``, a
 tuning job follows: bytesched's auto-tuner searches partition and credit on the workload itself
 and the pair it keeps is what that configuration then runs.
 
@@ -61,6 +62,9 @@ class Calibration:
     large_bytes: int
     probe_seconds: tuple[float, ...] | None = None
     """Seconds per step of the workload under the probes (:func:`.configs.probes`, in order)."""
+    probe_baseline_seconds: float | None = None
+    """Seconds per step of the workload on the framework's plain path, run with the probes: the
+    yardstick their times are fitted relative to (None in results files written before it was)."""
     scheduled_overhead: float | None = None
     """The per-message cost of bytesched's path fitted from the probes (None: not fitted)."""
     compute_seconds: float | None = None

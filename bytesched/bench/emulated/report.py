@@ -89,7 +89,9 @@ def _calibration(group: dict[str, Any]) -> list[str]:
             fits = f"a pipelined latency per message of {latency * 1e3:.2f} ms on bytesched's path"
         else:
             fits = f"bytesched's cost per message at {calibration['scheduled_overhead'] * 1e3:.2f} ms"
-        lines.append(f"Probes: a step took {took}, which fits {fits}; the simulator predicted bytesched's "
+        baseline = calibration.get("probe_baseline_seconds")  # absent before session 12: fitted to absolute times
+        against = f" against {baseline * 1e3:.0f} ms on the plain path" if baseline else ""
+        lines.append(f"Probes: a step took {took}{against}, which fits {fits}; the simulator predicted bytesched's "
                      f"configurations (and chose `bytescheduler-sim`'s sizes) with that.")
     tuned = calibration.get("tuned_sizes")
     if tuned:

@@ -19,7 +19,7 @@ from ...emulation import Cluster, Job, emulated_cluster, format_rate
 from ...tuning.log import load_best
 from .calibration import Calibration
 from .cells import Group, rounds
-from .configs import (CONFIGURATIONS, TUNING, TUNING_STEPS_PER_TRIAL, TUNING_WARMUP_STEPS,
+from .configs import (BASELINE, CONFIGURATIONS, TUNING, TUNING_STEPS_PER_TRIAL, TUNING_WARMUP_STEPS,
                       Configuration, probes as probe_names)
 from .protocol import MARKER, parse, worker_argv
 
@@ -74,8 +74,8 @@ def _worker_args(workload: Workload, group: Group, **mode: Any) -> list[str]:
 def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout: float,
                     on_line: Callable[[str], None]) -> Calibration:
     """Time the framework's small and whole-gradient operations on ``cluster``; where the group
-    has simulator-sized configurations also the workload under the probe sizes, and where it has
-    tuner-sized ones the tuning job (:mod:`.calibration`)."""
+    has simulator-sized configurations also the workload under the probe sizes and on the plain
+    path, and where it has tuner-sized ones the tuning job (:mod:`.calibration`)."""
     job = launch(cluster, group, _worker_args(workload, group, calibrate=workload.gradient_bytes), {})
     records = _finish(job, timeout, expected=1, what="calibration")
     calibration = Calibration.from_record(records[0]["calibration"])
@@ -84,14 +84,15 @@ def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout:
     if not any(c.sized_by == "simulator" for c in group.configurations):
         return calibration
     names = probe_names(group.framework.arch)
-    probes = [CONFIGURATIONS[name] for name in names]
-    # One process per run on MXNet; elsewhere one job in the order A B B A, so a drifting load
-    # weighs on both probes alike.
-    jobs = [[probe] for probe in probes] if group.framework.one_run_per_job else [probes + probes[::-1]]
+    runs_of = [CONFIGURATIONS[name] for name in (BASELINE, *names)]
+    # One process per run on MXNet; elsewhere one job in the order V A B B A V, so a drifting
+    # load weighs on every run alike.
+    jobs = [[config] for config in runs_of] if group.framework.one_run_per_job else [runs_of + runs_of[::-1]]
     runs = [run for configs in jobs for run in run_job(cluster, group, workload, configs, 0, timeout, on_line)]
-    seconds = {name: statistics.mean(run["seconds"] / run["steps"] for run in runs if run["config"] == name)
-               for name in names}
-    return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in names))
+    seconds = {config.name: statistics.mean(run["seconds"] / run["steps"] for run in runs if run["config"] == config.name)
+               for config in runs_of}
+    return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in names),
+                               probe_baseline_seconds=seconds[BASELINE])
 
 
 def run_tuning(cluster: Cluster, group: Group, workload: Workload, calibration: Calibration,
