@@ -16,6 +16,11 @@
 //   finish proxy i (mutable: avatars of partition i)  posts a FINISH event: notify_finish()
 //   fence(mutable: framework arrays, const: all avatars)  the framework sees the tensors again
 //
+// bs_post_copies posts the copies a fusion bucket makes between its gradients and its flat
+// buffer as one engine operation. MXNet's own concat and identity would do, but each draws one
+// of the engine's few shared temp-space variables, and a copy posted before its gradients exist
+// holds that variable until they do, stalling every later operation that draws it.
+//
 // Events go to a queue that one Python thread drains with bs_next_events (a blocking call that
 // releases the GIL), so engine threads never enter the Python interpreter.
 
@@ -25,6 +30,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -131,6 +137,22 @@ void delete_event(void* param) { delete static_cast<Event*>(param); }
 
 void run_nothing(void* /*rctx*/, void* /*param*/) {}
 
+// Pieces of memory to copy, each from srcs[i] to dsts[i], bytes[i] long.
+struct Copies {
+  std::vector<const char*> srcs;
+  std::vector<char*> dsts;
+  std::vector<size_t> bytes;
+};
+
+void run_copies(void* /*rctx*/, void* param) {
+  const Copies* copies = static_cast<const Copies*>(param);
+  for (size_t i = 0; i < copies->bytes.size(); ++i) {
+    std::memcpy(copies->dsts[i], copies->srcs[i], copies->bytes[i]);
+  }
+}
+
+void delete_copies(void* param) { delete static_cast<Copies*>(param); }
+
 }  // namespace
 
 extern "C" {
@@ -139,7 +161,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 1; }
+int bs_abi_version() { return 2; }
 
 // Post a pure ordering fence: it waits for earlier users of `reads` (as a reader) and of
 // `writes` (as a writer), and later operations on them wait for it. Does no work.
@@ -148,6 +170,25 @@ int bs_post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int 
   if (MXEnginePushSyncND(run_nothing, nullptr, nullptr, &cpu(), reads, n_reads, writes, n_writes,
                          &kNormal, priority, name) != 0) {
     return fail_mx("posting a bytesched fence to the MXNet engine");
+  }
+  return 0;
+}
+
+// Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
+// It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
+// and draws no shared resource.
+int bs_post_copies(void** srcs, void** dsts, const uint64_t* bytes, int n, NDArrayHandle* reads,
+                   int n_reads, NDArrayHandle* writes, int n_writes, int priority, const char* name) {
+  if (n <= 0) return fail("bs_post_copies: nothing to copy");
+  Copies* copies = new Copies();
+  for (int i = 0; i < n; ++i) {
+    copies->srcs.push_back(static_cast<const char*>(srcs[i]));
+    copies->dsts.push_back(static_cast<char*>(dsts[i]));
+    copies->bytes.push_back(static_cast<size_t>(bytes[i]));
+  }
+  if (MXEnginePushSyncND(run_copies, copies, delete_copies, &cpu(), reads, n_reads, writes, n_writes,
+                         &kNormal, priority, name) != 0) {
+    return fail_mx("posting bytesched copies to the MXNet engine");
   }
   return 0;
 }

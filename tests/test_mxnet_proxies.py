@@ -126,7 +126,7 @@ def test_waiting_fusion_buckets_hold_no_shared_engine_resource() -> None:
     grads = [[mx.nd.zeros((3,)), mx.nd.zeros((2, 2))] for _ in range(buckets)]
     backward = events.register(Recorder())  # a held proxy that writes every gradient
     events.library.post_ready(backward, [], [[g for pair in grads for g in pair]], 0)
-    fused = [Bucket([2 * i, 2 * i + 1], pair) for i, pair in enumerate(grads)]
+    fused = [Bucket([2 * i, 2 * i + 1], pair, events.library) for i, pair in enumerate(grads)]
     for bucket in fused:
         bucket.pack()
         bucket.unpack()
@@ -145,6 +145,12 @@ def test_waiting_fusion_buckets_hold_no_shared_engine_resource() -> None:
         assert bucket.buffer.asnumpy().tolist() == [0.0] * 7  # packed before this step's writes
         bucket.pack()
         assert bucket.buffer.asnumpy().tolist() == [float(i)] * 3 + [float(-i)] * 4
+
+
+def test_copies_refuse_pieces_of_different_sizes() -> None:
+    library = proxies.events().library
+    with pytest.raises(ValueError, match="bucket_pack: cannot copy 3 x float32 into 4 x float32"):
+        proxies.Copies(library, [(mx.nd.zeros((3,)), mx.nd.zeros((4,)))], [], [], "bucket_pack")
 
 
 def test_protocol_errors_name_the_problem() -> None:

@@ -89,7 +89,8 @@ def run_calibration(cluster: Cluster, group: Group, workload: Workload, timeout:
     # load weighs on every run alike.
     jobs = [[config] for config in runs_of] if group.framework.one_run_per_job else [runs_of + runs_of[::-1]]
     runs = [run for configs in jobs for run in run_job(cluster, group, workload, configs, 0, timeout, on_line)]
-    seconds = {config.name: statistics.mean(run["seconds"] / run["steps"] for run in runs if run["config"] == config.name)
+    seconds = {config.name: statistics.mean(run["seconds"] / run["steps"] for run in runs
+                                            if run["config"] == config.name)
                for config in runs_of}
     return dataclasses.replace(calibration, probe_seconds=tuple(seconds[name] for name in names),
                                probe_baseline_seconds=seconds[BASELINE])

@@ -14,12 +14,14 @@ reads them. Copies are exact, so the per-element arithmetic is the unfused all-r
 rank's Trainer lists the same parameters in the same order (Horovod names tensors by that index
 too), so the buckets agree without an exchange.
 
-The copies are ``NDArray.copyto``, the engine's plain copy, and not ``concat`` or ``identity``.
-Those two take one of MXNet's shared temp-space variables (``MXNET_CPU_TEMP_COPY``, four by
-default, handed out round-robin). A pack is posted before backward writes its gradients, and an
-unpack before the all-reduce. Each would hold its variable until then, and every later operation
-drawing the same variable (later buckets, the model's own layers) would wait behind it. That cost
-MXNet over Horovod 5-10 % at 5-10 Gbit/s (docs/benchmarks.md, "Session 12").
+Pack and unpack are one engine operation each (:class:`~.proxies.Copies`, the proxy library's
+memory copies), not MXNet's ``concat`` and ``identity``. Those two take one of MXNet's shared
+temp-space variables (``MXNET_CPU_TEMP_COPY``, four by default, handed out round-robin). A pack
+is posted before backward writes its gradients, and an unpack before the all-reduce. Each would
+hold its variable until then, and every later operation drawing the same variable (later buckets,
+the model's own layers) would wait behind it. That cost MXNet over Horovod 5-10 % at 5-10 Gbit/s
+(docs/benchmarks.md, "Session 12"). ``NDArray.copyto`` per gradient draws none, but costs about
+25 us of Python per gradient and step where one operation costs one call.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Sequence
 
 import mxnet as mx
 import numpy as np
+
+from .proxies import Copies, ProxyLibrary
 
 
 class Bucket:
@@ -44,14 +48,19 @@ class Bucket:
         buffer: 1-D, the members' elements end to end (allocated once, reused every step).
     """
 
-    def __init__(self, indices: Sequence[int], grads: Sequence[mx.nd.NDArray]) -> None:
+    def __init__(self, indices: Sequence[int], grads: Sequence[mx.nd.NDArray], library: ProxyLibrary) -> None:
         self.indices = tuple(indices)
         self.name = f"{self.indices[0]}+{len(self.indices) - 1}"
         self._grads = list(grads)
-        self._flats = [g.reshape(-1) for g in grads]
+        flats = [g.reshape(-1) for g in grads]
         stops = np.cumsum([g.size for g in grads])
         self.buffer = mx.nd.zeros((int(stops[-1]),), ctx=grads[0].context, dtype=grads[0].dtype)
-        self._slices = [self.buffer[int(start):int(stop)] for start, stop in zip([0, *stops[:-1]], stops)]
+        self.buffer.wait_to_read()  # allocated: the copies take its address now
+        slices = [self.buffer[int(start):int(stop)] for start, stop in zip([0, *stops[:-1]], stops)]
+        self._pack = Copies(library, list(zip(flats, slices)), reads=flats, writes=[self.buffer],
+                            name="bytesched_fusion_pack")
+        self._unpack = Copies(library, list(zip(slices, flats)), reads=[self.buffer], writes=flats,
+                              name="bytesched_fusion_unpack")
 
     def matches(self, indices: Sequence[int], grads: Sequence[mx.nd.NDArray]) -> bool:
         """Built for these indices and these very arrays (else a new bucket is made)."""
@@ -59,11 +68,9 @@ class Bucket:
                 and all(a is b for a, b in zip(grads, self._grads)))
 
     def pack(self) -> None:
-        """Post the copies of the gradients into the buffer (after whatever last wrote them)."""
-        for flat, piece in zip(self._flats, self._slices):
-            flat.copyto(piece)
+        """Post the copy of the gradients into the buffer (after whatever last wrote them)."""
+        self._pack.post()
 
     def unpack(self) -> None:
-        """Post the copies of the reduced buffer back into the gradients (after the all-reduce)."""
-        for piece, flat in zip(self._slices, self._flats):
-            piece.copyto(flat)
+        """Post the copy of the reduced buffer back into the gradients (after the all-reduce)."""
+        self._unpack.post()

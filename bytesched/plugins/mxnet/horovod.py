@@ -199,7 +199,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             member_grads = [grads[j] for j in run]
             bucket = self._buckets.get(members[0])
             if bucket is None or not bucket.matches(members, member_grads):
-                bucket = self._buckets[members[0]] = Bucket(members, member_grads)
+                bucket = self._buckets[members[0]] = Bucket(members, member_grads, self._events.library)
             bucket.pack()
             self._submit(bucket.name, members[0], bucket.buffer)
             bucket.unpack()

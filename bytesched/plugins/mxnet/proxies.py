@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 import mxnet as mx
-from mxnet.base import NDArrayHandle
+import numpy as np
+from mxnet.base import _LIB, NDArrayHandle, check_call
 
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 EVENT_READY = 1
 EVENT_FINISH = 2
 _BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -57,6 +58,7 @@ class ProxyLibrary:
         lib.bs_post_finish.argtypes = [u64, i32, vp, i32, i32]
         lib.bs_next_events.argtypes = [vp, vp, vp, i32, i32]
         lib.bs_make_avatar.argtypes = [vp, ctypes.POINTER(vp)]
+        lib.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
         self._lib = lib
         self.path = path
 
@@ -89,6 +91,10 @@ class ProxyLibrary:
         self._check(self._lib.bs_post_finish(task, len(avatars), _handles(flat), len(avatars[0]), priority),
                     "posting finish proxies")
 
+    def post_copies(self, copies: "Copies", priority: int) -> None:
+        """Post ``copies`` (one engine operation)."""
+        self._check(self._lib.bs_post_copies(*copies.arguments, priority, copies.name), "posting copies")
+
     def make_avatar(self, array: mx.nd.NDArray) -> mx.nd.NDArray:
         """A new NDArray over ``array``'s memory with its own engine variable."""
         out = ctypes.c_void_p()
@@ -114,6 +120,44 @@ class ProxyLibrary:
             return None
         self._check(n, "waiting for proxy events")
         return [(kinds[i], tasks[i], indices[i]) for i in range(n)]
+
+
+def _data_pointer(array: mx.nd.NDArray) -> int:
+    """The address of ``array``'s first element (MXNet's own ``MXNDArrayGetData``)."""
+    pointer = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return pointer.value or 0
+
+
+class Copies:
+    """Copies between same-sized arrays as one engine operation (a fusion bucket's pack or
+    unpack), with none of the shared temp space MXNet's ``concat`` and ``identity`` draw.
+
+    The operation orders as a reader of ``reads`` and a writer of ``writes``, the arrays that own
+    the memory of the pieces' sources and targets (views share their base's engine variable, which
+    the engine accepts only once: the caller names the owners). The addresses are taken now, once,
+    as avatars take theirs: the arrays must be allocated, and posting then costs one call
+    whatever the number of pieces.
+    """
+
+    def __init__(self, library: ProxyLibrary, pieces: Sequence[tuple[mx.nd.NDArray, mx.nd.NDArray]],
+                 reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray], name: str) -> None:
+        for source, target in pieces:
+            if source.size != target.size or source.dtype != target.dtype:
+                raise ValueError(f"{name}: cannot copy {source.size} x {np.dtype(source.dtype).name} into "
+                                 f"{target.size} x {np.dtype(target.dtype).name}")
+        n = len(pieces)
+        self.library = library
+        self.name = name.encode()
+        self._arrays = (list(pieces), list(reads), list(writes))  # their handles and memory stay valid
+        self.arguments = ((ctypes.c_void_p * n)(*[_data_pointer(s) for s, _ in pieces]),
+                          (ctypes.c_void_p * n)(*[_data_pointer(t) for _, t in pieces]),
+                          (ctypes.c_uint64 * n)(*[s.size * np.dtype(s.dtype).itemsize for s, _ in pieces]), n,
+                          _handles(reads), len(reads), _handles(writes), len(writes))
+
+    def post(self, priority: int = 0) -> None:
+        """Post the copies: they run once everything earlier on ``reads`` and ``writes`` has."""
+        self.library.post_copies(self, priority)
 
 
 class ProxyTarget(Protocol):
