@@ -8,13 +8,17 @@
 // so no C++ symbol of libmxnet.so is needed.
 //
 // Per communicated tensor (a CommTask of n partitions) the plugin posts, in program order:
-//   fence(mutable: framework arrays)        waits for every earlier reader/writer of the tensors
-//   ready proxy i (const: framework arrays, mutable: avatars of partition i), i = 0..n-1
+//   bs_post_entry:
+//     fence(mutable: framework arrays)      waits for every earlier reader/writer of the tensors
+//     ready proxy i (const: framework arrays, mutable: avatars of partition i), i = 0..n-1
 //       runs once the gradient exists; counts towards the task's READY event; then stays open
 //       until the Core calls bs_release(task, i) from CommTask.start()
 //   the backend's push/pull or all-reduce of partition i, on the avatars (ordered after proxy i)
-//   finish proxy i (mutable: avatars of partition i)  posts a FINISH event: notify_finish()
-//   fence(mutable: framework arrays, const: all avatars)  the framework sees the tensors again
+//   bs_post_exit:
+//     finish proxy i (mutable: avatars of partition i)  posts a FINISH event: notify_finish()
+//     fence(mutable: framework arrays, const: all avatars)  the framework sees the tensors again
+// Two calls, not one per operation: each call from Python lets go of the GIL and has to win it
+// back, and with the Core's threads busy that wait cost more than the posting itself.
 //
 // bs_post_copies posts the copies a fusion bucket makes between its gradients and its flat
 // buffer as one engine operation. MXNet's own concat and identity would do, but each draws one
@@ -153,6 +157,59 @@ void run_copies(void* /*rctx*/, void* param) {
 
 void delete_copies(void* param) { delete static_cast<Copies*>(param); }
 
+// Post a pure ordering fence: it waits for earlier users of `reads` (as a reader) and of
+// `writes` (as a writer), and later operations on them wait for it. Does no work.
+int post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes, int priority,
+               const char* name) {
+  if (MXEnginePushSyncND(run_nothing, nullptr, nullptr, &cpu(), reads, n_reads, writes, n_writes,
+                         &kNormal, priority, name) != 0) {
+    return fail_mx("posting a bytesched fence to the MXNet engine");
+  }
+  return 0;
+}
+
+// Post the n finish proxies of `task`: proxy i mutates the `per_part` avatars of partition i
+// and posts a FINISH event (task, i) once the partition's communication has written them.
+int post_finish(uint64_t task, int n, NDArrayHandle* writes, int per_part, int priority) {
+  for (int i = 0; i < n; ++i) {
+    Event* ev = new Event{kEventFinish, i, task};
+    if (MXEnginePushSyncND(run_finish, ev, delete_event, &cpu(), nullptr, 0,
+                           writes + static_cast<size_t>(i) * per_part, per_part, &kNormal,
+                           priority, "bytesched_finish_proxy") != 0) {
+      return fail_mx("posting a bytesched finish proxy to the MXNet engine");
+    }
+  }
+  return 0;
+}
+
+// Post the n ready proxies of `task`. Proxy i reads `reads` and mutates the `per_part` avatars
+// writes[i*per_part .. (i+1)*per_part). One READY event is posted when all n have run.
+int post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads, NDArrayHandle* writes,
+               int per_part, int priority) {
+  Hub& h = hub();
+  std::vector<Proxy*> proxies;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (h.waiting_ready.count(task)) return fail("bs_post_entry: task token already in use");
+    h.waiting_ready[task] = n;
+    for (int i = 0; i < n; ++i) {
+      Proxy* proxy = new Proxy();
+      proxy->task = task;
+      proxy->index = i;
+      h.open[slot(task, i)] = proxy;
+      proxies.push_back(proxy);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (MXEnginePushAsyncND(run_ready, proxies[i], nullptr, &cpu(), reads, n_reads,
+                            writes + static_cast<size_t>(i) * per_part, per_part, &kNormal,
+                            priority, "bytesched_ready_proxy", false) != 0) {
+      return fail_mx("posting a bytesched ready proxy to the MXNet engine");
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -161,18 +218,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 2; }
-
-// Post a pure ordering fence: it waits for earlier users of `reads` (as a reader) and of
-// `writes` (as a writer), and later operations on them wait for it. Does no work.
-int bs_post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes,
-                  int priority, const char* name) {
-  if (MXEnginePushSyncND(run_nothing, nullptr, nullptr, &cpu(), reads, n_reads, writes, n_writes,
-                         &kNormal, priority, name) != 0) {
-    return fail_mx("posting a bytesched fence to the MXNet engine");
-  }
-  return 0;
-}
+int bs_abi_version() { return 3; }
 
 // Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
 // It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
@@ -193,33 +239,21 @@ int bs_post_copies(void** srcs, void** dsts, const uint64_t* bytes, int n, NDArr
   return 0;
 }
 
-// Post the n ready proxies of `task`. Proxy i reads `reads` and mutates the `per_part` avatars
-// writes[i*per_part .. (i+1)*per_part). One READY event is posted when all n have run.
-int bs_post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads,
-                  NDArrayHandle* writes, int per_part, int priority) {
-  if (n <= 0 || n >= (1 << 24)) return fail("bs_post_ready: partition count out of range");
-  Hub& h = hub();
-  std::vector<Proxy*> proxies;
-  {
-    std::lock_guard<std::mutex> lock(h.mu);
-    if (h.waiting_ready.count(task)) return fail("bs_post_ready: task token already in use");
-    h.waiting_ready[task] = n;
-    for (int i = 0; i < n; ++i) {
-      Proxy* proxy = new Proxy();
-      proxy->task = task;
-      proxy->index = i;
-      h.open[slot(task, i)] = proxy;
-      proxies.push_back(proxy);
-    }
-  }
-  for (int i = 0; i < n; ++i) {
-    if (MXEnginePushAsyncND(run_ready, proxies[i], nullptr, &cpu(), reads, n_reads,
-                            writes + static_cast<size_t>(i) * per_part, per_part, &kNormal,
-                            priority, "bytesched_ready_proxy", false) != 0) {
-      return fail_mx("posting a bytesched ready proxy to the MXNet engine");
-    }
-  }
-  return 0;
+// Post the head of a task's chain: the entry fence on the n_tensors framework arrays, then the
+// task's n ready proxies (post_ready).
+int bs_post_entry(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
+                  NDArrayHandle* avatars, int per_part, int priority) {
+  if (n <= 0 || n >= (1 << 24)) return fail("bs_post_entry: partition count out of range");
+  if (post_fence(nullptr, 0, tensors, n_tensors, priority, "bytesched_entry_fence") != 0) return -1;
+  return post_ready(task, n, tensors, n_tensors, avatars, per_part, priority);
+}
+
+// Post the tail of a task's chain, after the backend's operations: the n finish proxies, then
+// the exit fence, which reads every avatar and writes the framework arrays.
+int bs_post_exit(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
+                 NDArrayHandle* avatars, int per_part, int priority) {
+  if (post_finish(task, n, avatars, per_part, priority) != 0) return -1;
+  return post_fence(avatars, n * per_part, tensors, n_tensors, priority, "bytesched_exit_fence");
 }
 
 // Let ready proxy (task, index) complete: the engine may now run that partition's push/pull.
@@ -263,20 +297,6 @@ int bs_drain() {
     delete proxy;
   }
   return static_cast<int>(ran.size());
-}
-
-// Post the n finish proxies of `task`: proxy i mutates the `per_part` avatars of partition i
-// and posts a FINISH event (task, i) once the partition's communication has written them.
-int bs_post_finish(uint64_t task, int n, NDArrayHandle* writes, int per_part, int priority) {
-  for (int i = 0; i < n; ++i) {
-    Event* ev = new Event{kEventFinish, i, task};
-    if (MXEnginePushSyncND(run_finish, ev, delete_event, &cpu(), nullptr, 0,
-                           writes + static_cast<size_t>(i) * per_part, per_part, &kNormal,
-                           priority, "bytesched_finish_proxy") != 0) {
-      return fail_mx("posting a bytesched finish proxy to the MXNet engine");
-    }
-  }
-  return 0;
 }
 
 // Wait up to timeout_ms (forever if negative) for events; copy up to `capacity` into

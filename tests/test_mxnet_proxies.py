@@ -64,12 +64,10 @@ def chain(events: proxies.ProxyEvents, tensor: mx.nd.NDArray, ranges: list[tuple
     lib = events.library
     avatars = Avatars(lib, [tensor], ranges)
     token = events.register(target)
-    lib.post_fence([], [tensor], 0, "test_entry")
-    lib.post_ready(token, [tensor], avatars.parts, 0)
+    lib.post_entry(token, avatars.chain, 0)
     for (avatar,) in avatars.parts:
         avatar *= 2
-    lib.post_finish(token, avatars.parts, 0)
-    lib.post_fence([a for part in avatars.parts for a in part], [tensor], 0, "test_exit")
+    lib.post_exit(token, avatars.chain, 0)
     return token, avatars
 
 
@@ -96,7 +94,7 @@ def test_ready_waits_for_the_operation_that_computes_the_tensor() -> None:
     grad = mx.nd.zeros((4,))
     producer = Recorder()  # a proxy that writes `grad` and is held: "backward still running"
     producer_token = events.register(producer)
-    events.library.post_ready(producer_token, [], [[grad]], 0)
+    events.library.post_entry(producer_token, proxies.Chain([], [[grad]]), 0)
     assert producer.ready.wait(5)
     consumer = Recorder()
     token, _ = chain(events, grad, [(0, 4)], consumer)
@@ -125,7 +123,7 @@ def test_waiting_fusion_buckets_hold_no_shared_engine_resource() -> None:
     buckets = int(os.environ.get("MXNET_CPU_TEMP_COPY", "4")) + 2
     grads = [[mx.nd.zeros((3,)), mx.nd.zeros((2, 2))] for _ in range(buckets)]
     backward = events.register(Recorder())  # a held proxy that writes every gradient
-    events.library.post_ready(backward, [], [[g for pair in grads for g in pair]], 0)
+    events.library.post_entry(backward, proxies.Chain([], [[g for pair in grads for g in pair]]), 0)
     fused = [Bucket([2 * i, 2 * i + 1], pair, events.library) for i, pair in enumerate(grads)]
     for bucket in fused:
         bucket.pack()

@@ -5,11 +5,26 @@ plain store, bytesched wraps it in ScheduledKVStore); ``--backend horovod``: a r
 ``horovodrun`` (Horovod's DistributedOptimizer, or bytesched's ScheduledOptimizer around it).
 A KVStore cannot be created twice in one process, so a job runs exactly one configuration.
 Emulated compute only (a profile name as ``--model``).
+
+The loop reads each step's loss, as a training loop that logs it or updates a metric does, so
+Python runs at most a step ahead of the engine. Without it the loop posted all its steps in the
+first second, and the posting overlapped the first timed steps.
+
+Python's cyclic garbage collector is off during the steps and runs once after them. The emulated
+layers are Python custom operators, and MXNet builds each custom operator instance with
+reference cycles (ctypes callbacks in closures): about 10,000 cyclic objects per step of the
+Transformer, which the collector freed in 100-330 ms pauses every 3 to 4 s, holding the GIL
+(docs/benchmarks.md, "Session 13"). A real model's layers are C++ operators and make no such
+garbage. Plain Horovod and the plain KVStore communicate in C++ and lose only the layers' time to
+such a pause; bytesched's scheduler threads are Python and stop too, so the emulation's artefact
+cost bytesched more than the baseline. (``gc.freeze()`` does not shorten them,
+the cost is the garbage itself, and it made the workers abort at exit.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 import time
@@ -101,6 +116,7 @@ def train_step(net: gluon.Block, train: gluon.Trainer, x: mx.nd.NDArray, batch_s
         loss = net(x).sum()
     loss.backward()
     train.step(batch_size)
+    loss.wait_to_read()
 
 
 def compute_step(profile: ModelProfile) -> Callable[[], None]:
@@ -134,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     train, store, rank, size = trainer(args.backend, net, config)
     x = mx.nd.zeros((1,))
     started = 0.0
+    gc.disable()  # see the module doc
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             mx.nd.waitall()
@@ -143,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(store, "wait_idle"):
         store.wait_idle(120)
     seconds = time.perf_counter() - started
+    gc.enable()
+    gc.collect()
     if rank == 0:
         emit({"config": name, "round": round_number, "seconds": seconds, "steps": args.steps,
               "samples_per_second": size * profile.batch_size * args.steps / seconds, "pid": os.getpid()})

@@ -223,7 +223,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                prescale_factor=1.0 / opt._gradient_predivide_factor,
                                postscale_factor=opt._postscale_factor, process_set=opt._process_set)
 
-        task.post([grad], avatars, -index, communicate)
+        task.post(avatars, -index, communicate)
 
 
 def _broadcast_int(value: int) -> int:

@@ -22,7 +22,7 @@ from mxnet.base import _LIB, NDArrayHandle, check_call
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 2
+ABI_VERSION = 3
 EVENT_READY = 1
 EVENT_FINISH = 2
 _BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -38,13 +38,24 @@ def _handles(arrays: Sequence[mx.nd.NDArray]) -> ctypes.Array:
 
 
 class ProxyLibrary:
-    """The loaded ``libbytesched_mxnet.so``: posts proxies and fences, releases proxies."""
+    """The loaded ``libbytesched_mxnet.so``: posts proxies and fences, releases proxies.
+
+    Calls that keep the GIL. Posting and releasing are called through ``ctypes.PyDLL``, which
+    keeps the GIL for the call, instead of ``CDLL``, which lets it go and then has to win it
+    back. They take a few microseconds; winning the GIL back from a thread running Python (the
+    training loop, MXNet's custom operators, the Core) took up to the interpreter's switch
+    interval, 5 ms, and the Core releases every partition with such a call. It is safe because
+    these calls only take the library's own lock and the engine's, which no thread holds while
+    waiting for the GIL: engine threads never enter Python here (see the module doc). The one
+    blocking call, :meth:`next_events`, and the rare ones go through ``CDLL``.
+    """
 
     def __init__(self, path: Path = LIBRARY) -> None:
         if not path.exists():
             raise ProxyLibraryError(f"the MXNet Dependency Proxy library {path} does not exist: {_BUILD_HINT}")
         try:
             lib = ctypes.CDLL(str(path))
+            held = ctypes.PyDLL(str(path))  # the same library; see "Calls that keep the GIL"
         except OSError as error:
             raise ProxyLibraryError(f"cannot load {path} ({error}): rebuild it; {_BUILD_HINT}") from error
         if lib.bs_abi_version() != ABI_VERSION:
@@ -52,48 +63,41 @@ class ProxyLibrary:
                                     f"expected {ABI_VERSION}): {_BUILD_HINT}")
         u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
         lib.bs_last_error.restype = ctypes.c_char_p
-        lib.bs_post_fence.argtypes = [vp, i32, vp, i32, i32, ctypes.c_char_p]
-        lib.bs_post_ready.argtypes = [u64, i32, vp, i32, vp, i32, i32]
-        lib.bs_release.argtypes = [u64, i32]
-        lib.bs_post_finish.argtypes = [u64, i32, vp, i32, i32]
         lib.bs_next_events.argtypes = [vp, vp, vp, i32, i32]
         lib.bs_make_avatar.argtypes = [vp, ctypes.POINTER(vp)]
-        lib.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
+        held.bs_post_entry.argtypes = [u64, i32, vp, i32, vp, i32, i32]
+        held.bs_post_exit.argtypes = [u64, i32, vp, i32, vp, i32, i32]
+        held.bs_release.argtypes = [u64, i32]
+        held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
         self._lib = lib
+        self._held = held
         self.path = path
 
     def _check(self, status: int, what: str) -> None:
         if status < 0:
             raise ProxyLibraryError(f"{what}: {self._lib.bs_last_error().decode(errors='replace')}")
 
-    def post_fence(self, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray],
-                   priority: int, name: str) -> None:
-        """An engine operation that orders after earlier users of ``reads``/``writes`` and
-        before later ones, and does nothing else."""
-        self._check(self._lib.bs_post_fence(_handles(reads), len(reads), _handles(writes), len(writes),
-                                            priority, name.encode()), "posting a fence")
-
-    def post_ready(self, task: int, reads: Sequence[mx.nd.NDArray],
-                   avatars: Sequence[Sequence[mx.nd.NDArray]], priority: int) -> None:
-        """One ready proxy per partition: proxy i reads ``reads``, holds ``avatars[i]``."""
-        flat = [a for part in avatars for a in part]
-        self._check(self._lib.bs_post_ready(task, len(avatars), _handles(reads), len(reads),
-                                            _handles(flat), len(avatars[0]), priority),
-                    "posting ready proxies")
+    def post_entry(self, task: int, chain: "Chain", priority: int) -> None:
+        """The head of ``task``'s chain: the entry fence, then one ready proxy per partition
+        (proxy i reads the tensors and holds partition i's avatars)."""
+        self._check(self._held.bs_post_entry(task, chain.partitions, chain.tensors, chain.n_tensors,
+                                            chain.avatars, chain.per_part, priority),
+                    "posting the entry fence and ready proxies")
 
     def release(self, task: int, index: int) -> None:
         """Let ready proxy ``index`` of ``task`` complete, so its push/pull may run."""
-        self._check(self._lib.bs_release(task, index), f"releasing proxy {index} of task {task}")
+        self._check(self._held.bs_release(task, index), f"releasing proxy {index} of task {task}")
 
-    def post_finish(self, task: int, avatars: Sequence[Sequence[mx.nd.NDArray]], priority: int) -> None:
-        """One finish proxy per partition, after whatever last wrote ``avatars[i]``."""
-        flat = [a for part in avatars for a in part]
-        self._check(self._lib.bs_post_finish(task, len(avatars), _handles(flat), len(avatars[0]), priority),
-                    "posting finish proxies")
+    def post_exit(self, task: int, chain: "Chain", priority: int) -> None:
+        """The tail of ``task``'s chain: one finish proxy per partition, after whatever last
+        wrote its avatars, then the exit fence that hands the tensors back to the framework."""
+        self._check(self._held.bs_post_exit(task, chain.partitions, chain.tensors, chain.n_tensors,
+                                           chain.avatars, chain.per_part, priority),
+                    "posting the finish proxies and exit fence")
 
     def post_copies(self, copies: "Copies", priority: int) -> None:
         """Post ``copies`` (one engine operation)."""
-        self._check(self._lib.bs_post_copies(*copies.arguments, priority, copies.name), "posting copies")
+        self._check(self._held.bs_post_copies(*copies.arguments, priority, copies.name), "posting copies")
 
     def make_avatar(self, array: mx.nd.NDArray) -> mx.nd.NDArray:
         """A new NDArray over ``array``'s memory with its own engine variable."""
@@ -127,6 +131,31 @@ def _data_pointer(array: mx.nd.NDArray) -> int:
     pointer = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
     return pointer.value or 0
+
+
+class Chain:
+    """The arrays of one task's proxy chain, as the handle arrays the library takes.
+
+    Built once per tensor layout and reused every step: a submission then costs two library
+    calls and no list building. Each call from Python lets go of the GIL and has to win it back
+    from the Core's threads, and per call that wait cost more than the posting itself (188 keys
+    of the emulated Transformer: 46 ms of CPU and 105 ms of wall time per step with four calls
+    per key and the arrays rebuilt, docs/benchmarks.md).
+
+    ``parts[i]`` are partition i's avatars, held by ready proxy i and written by the backend;
+    ``tensors`` are the framework's arrays the fences order (may be empty).
+    """
+
+    def __init__(self, tensors: Sequence[mx.nd.NDArray], parts: Sequence[Sequence[mx.nd.NDArray]]) -> None:
+        if not parts or any(len(part) != len(parts[0]) or not part for part in parts):
+            raise ValueError("a proxy chain needs at least one partition, each with the same "
+                             "non-zero number of avatars")
+        self._arrays = (list(tensors), [list(part) for part in parts])  # their handles stay valid
+        self.partitions = len(parts)
+        self.per_part = len(parts[0])
+        self.n_tensors = len(tensors)
+        self.tensors = _handles(tensors)
+        self.avatars = _handles([a for part in parts for a in part])
 
 
 class Copies:

@@ -27,7 +27,7 @@ import mxnet as mx
 
 from bytesched.core import CommTask, SubTask
 
-from .proxies import ProxyEvents, ProxyLibrary
+from .proxies import Chain, ProxyEvents, ProxyLibrary
 
 Arrays = list[mx.nd.NDArray]
 Ranges = Sequence[tuple[int, int]]
@@ -42,6 +42,7 @@ class Avatars:
         flats = [a.reshape(-1) for a in arrays]
         self.parts: list[Arrays] = [[library.make_avatar(flat[start:stop]) for flat in flats]
                                     for start, stop in ranges]
+        self.chain = Chain(arrays, self.parts)
 
     def matches(self, arrays: Arrays, ranges: Ranges) -> bool:
         """Built for these very arrays (identity: memory can move with a new NDArray) and ranges."""
@@ -94,12 +95,11 @@ class ProxiedTask(CommTask):
         self.events.forget(self.token)
         self.events.library.drain()  # the Core failed or stopped: nothing may stay blocked in the engine
 
-    def post(self, arrays: Arrays, avatars: Avatars, priority: int, communicate: Callable[[], None]) -> None:
+    def post(self, avatars: Avatars, priority: int, communicate: Callable[[], None]) -> None:
         """Post the proxy chain around ``communicate()`` (which posts the backend's operations on
-        ``avatars``). Call after the task was enqueued: a READY event may come at once."""
+        ``avatars``), with ``avatars.arrays`` as the framework's tensors. Call after the task
+        was enqueued: a READY event may come at once."""
         lib = self.events.library
-        lib.post_fence([], arrays, priority, "bytesched_entry_fence")
-        lib.post_ready(self.token, arrays, avatars.parts, priority)
+        lib.post_entry(self.token, avatars.chain, priority)
         communicate()
-        lib.post_finish(self.token, avatars.parts, priority)
-        lib.post_fence([a for part in avatars.parts for a in part], arrays, priority, "bytesched_exit_fence")
+        lib.post_exit(self.token, avatars.chain, priority)
