@@ -43,8 +43,10 @@ class ProxyLibrary:
     Calls that keep the GIL. Posting and releasing are called through ``ctypes.PyDLL``, which
     keeps the GIL for the call, instead of ``CDLL``, which lets it go and then has to win it
     back. They take a few microseconds; winning the GIL back from a thread running Python (the
-    training loop, MXNet's custom operators, the Core) took up to the interpreter's switch
-    interval, 5 ms, and the Core releases every partition with such a call. It is safe because
+    training loop, MXNet's custom operators, the Core) can take up to the interpreter's switch
+    interval, 5 ms, and the Core releases every partition with such a call. With these calls
+    held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
+    (docs/benchmarks.md, "Session 13"). It is safe because
     these calls only take the library's own lock and the engine's, which no thread holds while
     waiting for the GIL: engine threads never enter Python here (see the module doc). The one
     blocking call, :meth:`next_events`, and the rare ones go through ``CDLL``.
@@ -137,10 +139,9 @@ class Chain:
     """The arrays of one task's proxy chain, as the handle arrays the library takes.
 
     Built once per tensor layout and reused every step: a submission then costs two library
-    calls and no list building. Each call from Python lets go of the GIL and has to win it back
-    from the Core's threads, and per call that wait cost more than the posting itself (188 keys
-    of the emulated Transformer: 46 ms of CPU and 105 ms of wall time per step with four calls
-    per key and the arrays rebuilt, docs/benchmarks.md).
+    calls and no list building. With four calls per key and the arrays rebuilt, posting the
+    emulated Transformer's 188 keys took 105 ms of wall time (46 ms of CPU) per step, most of it
+    waiting to win the GIL back after each call; with this, 60 ms (docs/benchmarks.md).
 
     ``parts[i]`` are partition i's avatars, held by ready proxy i and written by the backend;
     ``tensors`` are the framework's arrays the fences order (may be empty).
