@@ -327,6 +327,29 @@ def test_str_keys_lists_and_separate_push_pull(monkeypatch: pytest.MonkeyPatch) 
     kv.close()
 
 
+def test_arrays_are_checked_whenever_they_are_new() -> None:
+    """A key's arrays are checked once, not every step; a new array for the key is checked again."""
+    kv = ScheduledKVStore(mx.kv.create("local"))
+    kv.init("w", mx.nd.zeros((4,)))
+    grad, out = mx.nd.ones((4,)), mx.nd.zeros((4,))
+    for _ in range(2):  # the second submission reuses the checked arrays
+        kv.pushpull("w", grad, out=out)
+    kv.wait_idle(timeout=15)
+    with pytest.raises(ValueError, match=r"does not match the initialised \(4,\) float32"):
+        kv.pushpull("w", mx.nd.ones((3,)), out=out)
+    with pytest.raises(TypeError, match="key 'w': expected an NDArray, got list"):
+        kv.pushpull("w", [[1.0] * 4], out=out)
+    kv.close()
+
+
+def test_a_chain_refuses_partitions_of_different_widths() -> None:
+    a, b = mx.nd.zeros((2,)), mx.nd.zeros((2,))
+    with pytest.raises(ValueError, match="same non-zero number of avatars"):
+        proxies.Chain([], [[a, b], [a]])
+    with pytest.raises(ValueError, match="at least one partition"):
+        proxies.Chain([a], [])
+
+
 def run_store_optimizer(store: str, keys: list) -> list[np.ndarray]:
     """Module-style use of a local store: the optimizer runs in the store, with per-key settings
     keyed by the caller's keys; four push/pull rounds."""
