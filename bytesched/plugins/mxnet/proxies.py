@@ -46,10 +46,10 @@ class ProxyLibrary:
     training loop, MXNet's custom operators, the Core) can take up to the interpreter's switch
     interval, 5 ms, and the Core releases every partition with such a call. With these calls
     held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
-    (docs/benchmarks.md, "Session 13"). It is safe because
-    these calls only take the library's own lock and the engine's, which no thread holds while
-    waiting for the GIL: engine threads never enter Python here (see the module doc). The one
-    blocking call, :meth:`next_events`, and the rare ones go through ``CDLL``.
+    (docs/benchmarks.md, "Session 13"). It is safe because these calls only take the library's
+    own lock and the engine's, which no thread holds while waiting for the GIL: engine threads
+    never enter Python here (see the module doc). The one blocking call, :meth:`next_events`,
+    and the rare ones go through ``CDLL``.
     """
 
     def __init__(self, path: Path = LIBRARY) -> None:
@@ -82,8 +82,7 @@ class ProxyLibrary:
     def post_entry(self, task: int, chain: "Chain", priority: int) -> None:
         """The head of ``task``'s chain: the entry fence, then one ready proxy per partition
         (proxy i reads the tensors and holds partition i's avatars)."""
-        self._check(self._held.bs_post_entry(task, chain.partitions, chain.tensors, chain.n_tensors,
-                                            chain.avatars, chain.per_part, priority),
+        self._check(self._held.bs_post_entry(task, *chain.arguments, priority),
                     "posting the entry fence and ready proxies")
 
     def release(self, task: int, index: int) -> None:
@@ -93,8 +92,7 @@ class ProxyLibrary:
     def post_exit(self, task: int, chain: "Chain", priority: int) -> None:
         """The tail of ``task``'s chain: one finish proxy per partition, after whatever last
         wrote its avatars, then the exit fence that hands the tensors back to the framework."""
-        self._check(self._held.bs_post_exit(task, chain.partitions, chain.tensors, chain.n_tensors,
-                                           chain.avatars, chain.per_part, priority),
+        self._check(self._held.bs_post_exit(task, *chain.arguments, priority),
                     "posting the finish proxies and exit fence")
 
     def post_copies(self, copies: "Copies", priority: int) -> None:
@@ -152,11 +150,9 @@ class Chain:
             raise ValueError("a proxy chain needs at least one partition, each with the same "
                              "non-zero number of avatars")
         self._arrays = (list(tensors), [list(part) for part in parts])  # their handles stay valid
-        self.partitions = len(parts)
-        self.per_part = len(parts[0])
-        self.n_tensors = len(tensors)
-        self.tensors = _handles(tensors)
-        self.avatars = _handles([a for part in parts for a in part])
+        # bs_post_entry's and bs_post_exit's arguments between the task token and the priority
+        self.arguments = (len(parts), _handles(tensors), len(tensors),
+                          _handles([a for part in parts for a in part]), len(parts[0]))
 
 
 class Copies:
