@@ -1,14 +1,18 @@
-"""Build the MXNet Dependency Proxy library (csrc/proxies.cc) against the installed mxnet wheel.
+"""Build the C++ libraries in csrc/ against the installed mxnet wheel.
 
-    python csrc/build.py            # build if out of date, print the library's path
+    python csrc/build.py            # build what is out of date, print each library's path
     python csrc/build.py --force    # rebuild
 
-The wheel ships MXNet's headers (``mxnet/include``) and ``libmxnet.so``; the library is linked
-against that exact ``libmxnet.so`` (with an rpath to it) and written next to the plugin that
-loads it, ``bytesched/plugins/mxnet/libbytesched_mxnet.so`` (git-ignored). A stamp in
-``build/csrc/`` holding the
-hash of the source, the compiler command and libmxnet.so's identity makes a repeated set-up a
-no-op. mxnet is located without importing it (an import costs seconds).
+- ``csrc/proxies.cc``: the MXNet plugin's Dependency Proxies,
+  ``bytesched/plugins/mxnet/libbytesched_mxnet.so``;
+- ``csrc/emulated_device.cc``: the benchmark's emulated accelerator for MXNet,
+  ``bytesched/bench/emulated/libbytesched_emulated_device.so``.
+
+The wheel ships MXNet's headers (``mxnet/include``) and ``libmxnet.so``; each library is linked
+against that exact ``libmxnet.so`` (with an rpath to it) and written next to the module that
+loads it (git-ignored). A stamp per library in ``build/csrc/`` holding the hash of the source,
+the compiler command and libmxnet.so's identity makes a repeated set-up a no-op. mxnet is located
+without importing it (an import costs seconds).
 
 Exit status: 0 built or up to date; 1 a prerequisite is missing or the compiler failed (the
 message names which).
@@ -23,17 +27,33 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "csrc" / "proxies.cc"
-OUTPUT = ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so"
-WORK = ROOT / "build" / "csrc"  # stamp and partial output (build/ is git-ignored)
-STAMP = WORK / "libbytesched_mxnet.stamp"
+WORK = ROOT / "build" / "csrc"  # stamps and partial outputs (build/ is git-ignored)
 
 # MXNet's headers pull in mshadow; these select its CPU-only, BLAS-free configuration (the
-# proxies use none of it, but the headers must parse).
+# libraries use none of it, but the headers must parse).
 DEFINES = ["-DMSHADOW_USE_CUDA=0", "-DMSHADOW_USE_MKL=0", "-DMSHADOW_USE_CBLAS=0", "-DDMLC_USE_CXX11=1"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One library: its source and where its loader expects it."""
+
+    source: Path
+    output: Path
+
+    @property
+    def stamp(self) -> Path:
+        return WORK / f"{self.output.stem}.stamp"
+
+
+PROXIES = Target(ROOT / "csrc" / "proxies.cc", ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so")
+EMULATED_DEVICE = Target(ROOT / "csrc" / "emulated_device.cc",
+                         ROOT / "bytesched" / "bench" / "emulated" / "libbytesched_emulated_device.so")
+TARGETS = (PROXIES, EMULATED_DEVICE)
 
 
 class BuildError(RuntimeError):
@@ -65,41 +85,47 @@ def compiler() -> str:
                      "(Debian: apt-get install g++)")
 
 
-def command(cxx: str, package: Path, output: Path) -> list[str]:
+def command(cxx: str, package: Path, source: Path, output: Path) -> list[str]:
     """The compile-and-link command line."""
     return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
-            f"-I{package / 'include'}", *DEFINES, "-o", str(output), str(SOURCE),
+            f"-I{package / 'include'}", *DEFINES, "-o", str(output), str(source),
             f"-L{package}", "-l:libmxnet.so", f"-Wl,-rpath,{package}"]
 
 
-def fingerprint(argv: list[str], package: Path) -> str:
-    """What the build depends on: source, command, and the libmxnet.so it links."""
+def fingerprint(source: Path, argv: list[str], package: Path) -> str:
+    """What a build depends on: source, command, and the libmxnet.so it links."""
     lib = (package / "libmxnet.so").stat()
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256(source.read_bytes())
     digest.update("\0".join(argv).encode())
     digest.update(f"{lib.st_size}:{lib.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
-def build(force: bool = False) -> Path:
-    """Build the library if it is missing or out of date; return its path."""
-    package = mxnet_dir()
-    argv = command(compiler(), package, OUTPUT)
-    want = fingerprint(argv, package)
-    if not force and OUTPUT.exists() and STAMP.exists() and STAMP.read_text() == want:
-        return OUTPUT
+def build_target(target: Target, cxx: str, package: Path, force: bool) -> Path:
+    """Build one library if it is missing or out of date; return its path."""
+    argv = command(cxx, package, target.source, target.output)
+    want = fingerprint(target.source, argv, package)
+    if not force and target.output.exists() and target.stamp.exists() and target.stamp.read_text() == want:
+        return target.output
     WORK.mkdir(parents=True, exist_ok=True)
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    partial = WORK / OUTPUT.name
-    argv_partial = command(argv[0], package, partial)
+    target.output.parent.mkdir(parents=True, exist_ok=True)
+    partial = WORK / target.output.name
+    argv_partial = command(cxx, package, target.source, partial)
     result = subprocess.run(argv_partial, capture_output=True, text=True)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise BuildError(f"compiling {SOURCE} failed:\n  {' '.join(argv_partial)}\n"
+        raise BuildError(f"compiling {target.source} failed:\n  {' '.join(argv_partial)}\n"
                          + result.stderr[-4000:])
-    partial.replace(OUTPUT)  # atomic: a concurrent loader never sees a half-written library
-    STAMP.write_text(want)
-    return OUTPUT
+    partial.replace(target.output)  # atomic: a concurrent loader never sees a half-written library
+    target.stamp.write_text(want)
+    return target.output
+
+
+def build(force: bool = False) -> list[Path]:
+    """Build every library that is missing or out of date; return their paths."""
+    package = mxnet_dir()
+    cxx = compiler()
+    return [build_target(target, cxx, package, force) for target in TARGETS]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
     try:
-        print(build(force=args.force))
+        for path in build(force=args.force):
+            print(path)
     except BuildError as error:
         print(f"csrc/build.py: error: {error}", file=sys.stderr)
         return 1

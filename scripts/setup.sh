@@ -95,15 +95,15 @@ else
   echo "    installed from the cached wheel and checked before"
 fi
 
-say "MXNet Dependency Proxy library (csrc/, against the mxnet wheel's headers and libmxnet.so)"
+say "C++ libraries (csrc/: MXNet Dependency Proxies, emulated device; against the mxnet wheel)"
 # csrc/build.py skips the compiler when source, command and libmxnet.so are unchanged; on failure
 # it names what is missing (g++, the mxnet headers) or shows the compiler's error.
 if ! csrc_out="$("$VENV/bin/python" "$ROOT/csrc/build.py" 2>&1)"; then
-  echo "[setup] FAILED: building the MXNet Dependency Proxy library:" >&2
+  echo "[setup] FAILED: building the C++ libraries in csrc/:" >&2
   echo "$csrc_out" | tail -n 30 | sed 's/^/    /' >&2
   exit 1
 fi
-echo "    $csrc_out"
+echo "$csrc_out" | sed 's/^/    /'
 
 say "bytesched (editable)"
 # Installed means: the console script exists and, imported from outside the checkout (where the

@@ -325,48 +325,74 @@ def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> Non
     assert all(isinstance(p.grad, torch.Tensor) and p.grad.shape == p.shape for p in workload.model.parameters())
 
 
-def test_emulated_mxnet_model_sleeps_and_fills_every_gradient() -> None:
+def test_emulated_mxnet_model_takes_the_profile_time_and_gives_every_parameter_a_fresh_gradient() -> None:
     require("torch")
     mx = require("mxnet", "MXNet")
-    from bytesched.bench.emulated.mxnet_compute import emulated_model
+    from bytesched.bench.emulated.mxnet_compute import EmulatedModel
     profile = scaled_profile("vgg16", Scale(size=0.0005, time=0.05))
-    net = emulated_model(profile)
-    params = list(net.collect_params().values())
+    model = EmulatedModel(profile)
+    params = list(model.params.values())
+    assert [p.shape[0] * 4 for p in params] == [t.nbytes for l in profile.layers for t in l.tensors]
+    train = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.5}, kvstore=None)
     for p in params:
-        p.grad()[:] = 7.0
+        p.grad()[:] = 2.0
     started = time.perf_counter()
-    with mx.autograd.record():
-        loss = net(mx.nd.zeros((1,))).sum()
-    loss.backward()
+    model.step()
+    train.step(1)  # refuses a gradient that backward did not mark fresh
     mx.nd.waitall()
     assert time.perf_counter() - started >= profile.compute_time
-    assert [p.shape[0] * 4 for p in params] == [t.nbytes for l in profile.layers for t in l.tensors]
-    assert all(float(p.grad().abs().sum().asscalar()) == 0.0 for p in params)
+    # the layers leave the values as they are: the update applied the gradient set above
+    assert all(float(p.data().min().asscalar()) == float(p.data().max().asscalar()) == -1.0 for p in params)
 
 
-def test_emulated_mxnet_layers_write_outputs_without_python_slicing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``CustomOp.assign`` slices in Python (~1.5 ms of host CPU per backward layer, which a
-    real layer does not spend and which stretched backward under load); the layers must not
-    use it. With ``grad_req="add"`` they add zero: the accumulated gradient stays."""
+def test_emulated_mxnet_layers_run_in_order_on_their_own_clock_without_an_engine_worker() -> None:
+    """A layer starts after the one posted before it (a GPU stream), so layer i's gradients are
+    ready no earlier than the forward pass plus the backward of the layers after i; and while
+    the layers run, other engine operations (MXNet has one CPU worker) do not wait for them."""
     require("torch")
     mx = require("mxnet", "MXNet")
-    from bytesched.bench.emulated.mxnet_compute import emulated_model
-    assigned: list[object] = []
-    monkeypatch.setattr(mx.operator.CustomOp, "assign", lambda self, *args: assigned.append(args))
-    net = emulated_model(scaled_profile("vgg16", Scale(size=0.0005, time=0.01)))
-    params = list(net.collect_params().values())
-    for p in params:
-        p.grad_req = "add"
-        p.grad()[:] = 7.0
-    x = mx.nd.ones((1,))
-    x.attach_grad()
-    with mx.autograd.record():
-        y = net(x)
-    y.backward(mx.nd.full((1,), 3.0))
-    mx.nd.waitall()
-    assert assigned == []
-    assert float(y.asscalar()) == 1.0 and float(x.grad.asscalar()) == 3.0
-    assert all(float(p.grad().min().asscalar()) == float(p.grad().max().asscalar()) == 7.0 for p in params)
+    from bytesched.bench.emulated.mxnet_compute import EmulatedModel
+    profile = scaled_profile("vgg16", Scale(size=0.0005, time=0.3))
+    model = EmulatedModel(profile)
+    other = mx.nd.ones((4,))
+    (other + 1).wait_to_read()  # creates the operator outside the timed part
+    started = time.perf_counter()
+    loss = model.step()
+    (other + 1).wait_to_read()
+    unrelated = time.perf_counter() - started
+    loss.wait_to_read()
+    forward = time.perf_counter() - started
+    ready: list[tuple[float, float]] = []
+    due = sum(l.forward for l in profile.layers)
+    for layer, params in reversed(list(zip(profile.layers, _layers_of(model, profile)))):
+        due += layer.backward
+        for p in params:
+            p.grad().wait_to_read()
+        ready.append((time.perf_counter() - started, due))
+    assert forward >= sum(l.forward for l in profile.layers)
+    assert all(at >= due for at, due in ready), ready
+    # a layer holding the worker would keep it for the whole forward pass: all its layers are
+    # ready at once and were queued before the unrelated operation
+    assert unrelated < forward / 2, (unrelated, forward)
+
+
+def _layers_of(model: Any, profile: ModelProfile) -> list[list[Any]]:
+    params = iter(model.params.values())
+    return [[next(params) for _ in layer.tensors] for layer in profile.layers]
+
+
+def test_emulated_device_without_its_library_says_how_to_build_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    require("torch")
+    require("mxnet", "MXNet")
+    from bytesched.bench.emulated import mxnet_compute
+    monkeypatch.setattr(mxnet_compute, "LIBRARY", tmp_path / "libbytesched_emulated_device.so")
+    mxnet_compute._library.cache_clear()
+    try:
+        with pytest.raises(mxnet_compute.EmulatedDeviceError, match=r"does not exist: build it with .*csrc/build.py"):
+            mxnet_compute.EmulatedModel(scaled_profile("vgg16", Scale(size=0.0005, time=0.01))).step()
+    finally:
+        mxnet_compute._library.cache_clear()
 
 
 # --------------------------------------------------------------------------- end to end

@@ -1,106 +1,119 @@
 """MXNet (Gluon) emulated profile layers: the MXNet twin of :mod:`.torch_compute`.
 
-A custom operator sleeps for the layer's forward time and, in backward, for its backward time,
-then writes a (zero) gradient into every parameter of the layer. MXNet runs custom operators on
-their own worker thread, so the engine sees each layer's gradients become ready in backward
-order at the profile's times, and they travel through the real KVStore or Horovod transfers.
+Each profile layer owns Gluon parameters with its tensors' sizes. Its forward and backward time
+is spent on an emulated accelerator (``csrc/emulated_device.cc``): one asynchronous MXNet engine
+operation per layer and pass that, once its inputs are ready, completes from a timer thread
+after the layer's time. The device runs them one at a time in posting order, as kernels on one
+GPU stream run, and keeps its own clock, so the engine's dispatch gaps between layers do not add
+up; a forward layer reads its weights (it waits for their pull or update) and a
+backward layer writes its gradients (the KVStore's or Horovod's transfer of them waits for it).
+So the engine sees each layer's gradients become ready in backward order at the profile's times,
+and they travel through the real KVStore or Horovod transfers, while the host's CPUs and the GIL
+stay free for communication, as on a GPU-trained job.
 
-The operator writes its outputs with one engine operation each (``identity``, ``zeros_like``),
-not with ``CustomOp.assign``: that slices in Python and spent about 1.5 ms of CPU per backward
-layer on the host, which a real layer (GPU kernels) does not, and it ran slower while the two
-cores also carried communication: the emulated VGG16's backward took 223 ms per step under
-bytesched against 175 ms under the plain store (docs/benchmarks.md, "The emulated MXNet layers
-cost host CPU").
+Why not Python custom operators (what this module used before session 14): each such layer
+enters the interpreter several times per pass, so it competed for the GIL with bytesched's
+Python threads, and the emulated Transformer's backward took 326 ms under bytesched against
+197 ms under the plain store (docs/benchmarks.md, "Session 13"). It also made about 10,000
+cyclic objects per step for the garbage collector. A real model's layers are C++ operators and
+need neither.
+
+The weights' and gradients' values are left as they are (zeros from initialisation, and sums or
+averages of zeros after communication): only their bytes and their timing matter.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+import ctypes
+import functools
+from pathlib import Path
+from typing import Sequence
 
 import mxnet as mx
 from mxnet import gluon
 
+from ...plugins.mxnet.proxies import handle_array
 from ...sim.profile import ModelProfile
 from .scaling import layer_sizes
 
-OP_TYPE = "bytesched_bench_sleep"
+LIBRARY = Path(__file__).resolve().parent / "libbytesched_emulated_device.so"
 
 
-def _copy(dst: mx.nd.NDArray, req: str, src: mx.nd.NDArray) -> None:
-    """``dst`` (op)= ``src`` as ``req`` says, in one engine operation."""
-    if req in ("write", "inplace"):
-        mx.nd.identity(src, out=dst)
-    elif req == "add":
-        mx.nd.elemwise_add(dst, src, out=dst)
+class EmulatedDeviceError(RuntimeError):
+    """The emulated device's library is missing or one of its calls failed."""
 
 
-def _zero(dst: mx.nd.NDArray, req: str) -> None:
-    """``dst`` (op)= 0 as ``req`` says: adding zero leaves it as it is."""
-    if req in ("write", "inplace"):
-        mx.nd.zeros_like(dst, out=dst)
+@functools.cache
+def _library() -> ctypes.PyDLL:
+    """The loaded library. Its calls only post to MXNet's engine, so they keep the GIL
+    (``PyDLL``): letting it go would make the training thread win it back after every call."""
+    hint = "build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this)"
+    if not LIBRARY.exists():
+        raise EmulatedDeviceError(f"the emulated device library {LIBRARY} does not exist: {hint}")
+    lib = ctypes.PyDLL(str(LIBRARY))
+    vp, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.bs_last_error.restype = ctypes.c_char_p
+    lib.bs_emulate_layers.argtypes = [i32, vp, vp, vp, vp, vp, ctypes.c_char_p]
+    lib.bs_mark_gradients_fresh.argtypes = [vp, i32]
+    return lib
 
 
-class _SleepingLayer(mx.operator.CustomOp):
-    def __init__(self, forward_s: float, backward_s: float) -> None:
-        super().__init__()
-        self.forward_s = forward_s
-        self.backward_s = backward_s
-
-    def forward(self, is_train: bool, req: list, in_data: list, out_data: list, aux: list) -> None:
-        time.sleep(self.forward_s)
-        _copy(out_data[0], req[0], in_data[0])
-
-    def backward(self, req: list, out_grad: list, in_data: list, out_data: list, in_grad: list, aux: list) -> None:
-        time.sleep(self.backward_s)
-        _copy(in_grad[0], req[0], out_grad[0])
-        for grad, how in zip(in_grad[1:], req[1:]):
-            _zero(grad, how)
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise EmulatedDeviceError(f"{what}: {_library().bs_last_error().decode(errors='replace')}")
 
 
-@mx.operator.register(OP_TYPE)
-class _SleepingLayerProp(mx.operator.CustomOpProp):
-    """Inputs: the activation and the layer's parameters; output: the activation unchanged."""
-
-    def __init__(self, forward_s: str, backward_s: str, num_params: str) -> None:
-        super().__init__(need_top_grad=True)
-        self.forward_s = float(forward_s)
-        self.backward_s = float(backward_s)
-        self.num_params = int(num_params)
-
-    def list_arguments(self) -> list[str]:
-        return ["data", *(f"param{i}" for i in range(self.num_params))]
-
-    def list_outputs(self) -> list[str]:
-        return ["output"]
-
-    def infer_shape(self, in_shape: list) -> tuple[list, list, list]:
-        return in_shape, [in_shape[0]], []
-
-    def create_operator(self, ctx: Any, shapes: list, dtypes: list) -> _SleepingLayer:
-        return _SleepingLayer(self.forward_s, self.backward_s)
+def _ends(groups: Sequence[Sequence[mx.nd.NDArray]]) -> ctypes.Array:
+    """Where each layer's arrays end in the flattened list (the library's ``*_ends``)."""
+    ends: list[int] = []
+    for group in groups:
+        ends.append((ends[-1] if ends else 0) + len(group))
+    return (ctypes.c_int * len(ends))(*ends)
 
 
-class EmulatedLayer(gluon.Block):
-    """One profile layer: its tensors as Gluon parameters, its times as sleeps."""
+class Pass:
+    """One pass over the layers as the library's arguments, built once: layer i takes
+    ``seconds[i]``, reads ``reads[i]`` and writes ``writes[i]``."""
 
-    def __init__(self, forward_s: float, backward_s: float, sizes: list[int], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.forward_s = forward_s
-        self.backward_s = backward_s
-        with self.name_scope():
-            self.weights = [self.params.get(f"w{i}", shape=(n,), init=mx.init.Zero()) for i, n in enumerate(sizes)]
+    def __init__(self, name: str, seconds: Sequence[float], reads: Sequence[Sequence[mx.nd.NDArray]],
+                 writes: Sequence[Sequence[mx.nd.NDArray]]) -> None:
+        if not len(seconds) == len(reads) == len(writes):
+            raise ValueError(f"{name}: {len(seconds)} times for {len(reads)} reads and {len(writes)} writes")
+        self.name = name
+        self.arguments = (len(seconds), (ctypes.c_double * len(seconds))(*seconds),
+                          handle_array([a for group in reads for a in group]), _ends(reads),
+                          handle_array([a for group in writes for a in group]), _ends(writes),
+                          name.encode())
 
-    def forward(self, x: mx.nd.NDArray) -> mx.nd.NDArray:
-        return mx.nd.Custom(x, *(w.data() for w in self.weights), op_type=OP_TYPE, forward_s=self.forward_s,
-                            backward_s=self.backward_s, num_params=len(self.weights))
+    def post(self) -> None:
+        _check(_library().bs_emulate_layers(*self.arguments), f"posting the {self.name}")
 
 
-def emulated_model(profile: ModelProfile) -> gluon.nn.Sequential:
-    """The profile's layers, in forward order, initialised."""
-    net = gluon.nn.Sequential()
-    with net.name_scope():
-        for layer in profile.layers:
-            net.add(EmulatedLayer(layer.forward, layer.backward, layer_sizes(layer)))
-    net.initialize()
-    return net
+class EmulatedModel:
+    """A profile's layers: parameters with its tensors' sizes, and its times on the emulated
+    device. ``params`` is what the Trainer and Horovod's broadcast take; their arrays stay the
+    same objects for the model's life (Gluon updates, pulls and broadcasts in place), so the
+    passes are built once."""
+
+    def __init__(self, profile: ModelProfile) -> None:
+        self.params = gluon.ParameterDict("emulated_")
+        layers = [[self.params.get(f"layer{i}_w{j}", shape=(n,), init=mx.init.Zero())
+                   for j, n in enumerate(layer_sizes(layer))] for i, layer in enumerate(profile.layers)]
+        self.params.initialize()
+        self.loss = mx.nd.zeros((1,))
+        none: list[mx.nd.NDArray] = []
+        self._forward = Pass("emulated forward pass", [layer.forward for layer in profile.layers],
+                             reads=[[p.data() for p in layer] for layer in layers],
+                             writes=[none] * (len(layers) - 1) + [[self.loss]])
+        self._backward = Pass("emulated backward pass", [layer.backward for layer in reversed(profile.layers)],
+                              reads=[none] * len(layers),
+                              writes=[[p.grad() for p in layer] for layer in reversed(layers)])
+        self._weights = handle_array([p.data() for p in self.params.values()])
+
+    def step(self) -> mx.nd.NDArray:
+        """Post one forward and one backward pass and mark every gradient computed, as
+        autograd's backward does; the returned loss is ready once the forward pass ran."""
+        self._forward.post()
+        self._backward.post()
+        _check(_library().bs_mark_gradients_fresh(self._weights, len(self._weights)), "marking the gradients")
+        return self.loss

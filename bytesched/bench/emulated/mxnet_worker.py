@@ -9,35 +9,24 @@ Emulated compute only (a profile name as ``--model``).
 The loop reads each step's loss, as a training loop that logs it or updates a metric does, so
 Python runs at most a step ahead of the engine. Without it the loop posted all its steps in the
 first second, and the posting overlapped the first timed steps.
-
-Python's cyclic garbage collector is off during the steps and runs once after them. The emulated
-layers are Python custom operators, and MXNet builds each custom operator instance with
-reference cycles (ctypes callbacks in closures): about 10,000 cyclic objects per step of the
-Transformer, which the collector freed in 100-330 ms pauses every 3 to 4 s, holding the GIL
-(docs/benchmarks.md, "Session 13"). A real model's layers are C++ operators and make no such
-garbage. Plain Horovod and the plain KVStore communicate in C++ and lose only the layers' time to
-such a pause; bytesched's scheduler threads are Python and stop too, so the emulation's artefact
-cost bytesched more than the baseline. (``gc.freeze()`` does not shorten them,
-the cost is the garbage itself, and it made the workers abort at exit.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import sys
 import time
 from typing import Any, Callable
 
 import mxnet as mx
-from mxnet import autograd, gluon
+from mxnet import gluon
 
 from bytesched.core import from_env
 from bytesched.sim.profile import ModelProfile
 
 from .configs import Configuration, configuration
-from .mxnet_compute import emulated_model
+from .mxnet_compute import EmulatedModel
 from .calibration import calibrate
 from .protocol import emit, parse_worker_args
 from .scaling import Scale, scaled_profile
@@ -46,15 +35,15 @@ from .scaling import Scale, scaled_profile
 SGD = {"learning_rate": 1e-3, "momentum": 0.9}
 
 
-def forward_order(net: gluon.Block) -> list[gluon.Parameter]:
-    """``net``'s parameters in the order its layers were added, the forward order, for the Trainer
+def forward_order(model: EmulatedModel) -> list[gluon.Parameter]:
+    """``model``'s parameters in the order its layers were added, the forward order, for the Trainer
     (baseline and bytesched alike): the Trainer's index is the priority MXNet hands to the store
     and to Horovod, and from a dict it numbers by name, ``layer10`` before ``layer2``
     (docs/plugins/mxnet.md, "Give Gluon's Trainer a list")."""
-    return list(net.collect_params().values())
+    return list(model.params.values())
 
 
-def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
+def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
     """The Gluon trainer for ``config``, the object to drain at the end, rank and world size."""
     settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params) if config.scheduled else None
     if backend == "ps":
@@ -63,17 +52,17 @@ def trainer(backend: str, net: gluon.Block, config: Configuration) -> tuple[gluo
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledKVStore
             store = ScheduledKVStore(store, config=settings)
-        return gluon.Trainer(forward_order(net), "sgd", SGD, kvstore=store), store, rank, size
+        return gluon.Trainer(forward_order(model), "sgd", SGD, kvstore=store), store, rank, size
     if backend == "horovod":
         import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults; not needed for ps)
         import horovod.mxnet as hvd
         hvd.init()
-        hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+        hvd.broadcast_parameters(model.params, root_rank=0)
         optimizer: Any = hvd.DistributedOptimizer(mx.optimizer.create("sgd", **SGD))
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledOptimizer
             optimizer = ScheduledOptimizer(optimizer, config=settings)
-        return gluon.Trainer(forward_order(net), optimizer, kvstore=None), None, hvd.rank(), hvd.size()
+        return gluon.Trainer(forward_order(model), optimizer, kvstore=None), None, hvd.rank(), hvd.size()
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
@@ -110,11 +99,9 @@ def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
-def train_step(net: gluon.Block, train: gluon.Trainer, x: mx.nd.NDArray, batch_size: int) -> None:
-    """One training step of an emulated model (``x`` is a placeholder input; the layers sleep)."""
-    with autograd.record():
-        loss = net(x).sum()
-    loss.backward()
+def train_step(model: EmulatedModel, train: gluon.Trainer, batch_size: int) -> None:
+    """One training step of an emulated model."""
+    loss = model.step()
     train.step(batch_size)
     loss.wait_to_read()
 
@@ -122,12 +109,11 @@ def train_step(net: gluon.Block, train: gluon.Trainer, x: mx.nd.NDArray, batch_s
 def compute_step(profile: ModelProfile) -> Callable[[], None]:
     """One training step of the emulated ``profile`` with a local SGD and no communication (the
     compute the simulator is told about, as measured)."""
-    net = emulated_model(profile)
-    train = gluon.Trainer(forward_order(net), "sgd", SGD, kvstore=None)
-    x = mx.nd.zeros((1,))
+    model = EmulatedModel(profile)
+    train = gluon.Trainer(forward_order(model), "sgd", SGD, kvstore=None)
 
     def step() -> None:
-        train_step(net, train, x, profile.batch_size)
+        train_step(model, train, profile.batch_size)
         mx.nd.waitall()
     return step
 
@@ -146,22 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     name, round_number = args.runs[0]
     config = configuration(name, args.sizes)
     profile = scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
-    net = emulated_model(profile)
-    train, store, rank, size = trainer(args.backend, net, config)
-    x = mx.nd.zeros((1,))
+    model = EmulatedModel(profile)
+    train, store, rank, size = trainer(args.backend, model, config)
     started = 0.0
-    gc.disable()  # see the module doc
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             mx.nd.waitall()
             started = time.perf_counter()
-        train_step(net, train, x, profile.batch_size)
+        train_step(model, train, profile.batch_size)
     mx.nd.waitall()
     if hasattr(store, "wait_idle"):
         store.wait_idle(120)
     seconds = time.perf_counter() - started
-    gc.enable()
-    gc.collect()
     if rank == 0:
         emit({"config": name, "round": round_number, "seconds": seconds, "steps": args.steps,
               "samples_per_second": size * profile.batch_size * args.steps / seconds, "pid": os.getpid()})

@@ -33,7 +33,8 @@ class ProxyLibraryError(RuntimeError):
     """The proxy library is missing, stale, or one of its calls failed."""
 
 
-def _handles(arrays: Sequence[mx.nd.NDArray]) -> ctypes.Array:
+def handle_array(arrays: Sequence[mx.nd.NDArray]) -> ctypes.Array:
+    """``arrays``' NDArray handles as the C array MXNet's C API takes (the arrays must outlive it)."""
     return (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
 
 
@@ -151,8 +152,8 @@ class Chain:
                              "non-zero number of avatars")
         self._arrays = (list(tensors), [list(part) for part in parts])  # their handles stay valid
         # bs_post_entry's and bs_post_exit's arguments between the task token and the priority
-        self.arguments = (len(parts), _handles(tensors), len(tensors),
-                          _handles([a for part in parts for a in part]), len(parts[0]))
+        self.arguments = (len(parts), handle_array(tensors), len(tensors),
+                          handle_array([a for part in parts for a in part]), len(parts[0]))
 
 
 class Copies:
@@ -179,7 +180,7 @@ class Copies:
         self.arguments = ((ctypes.c_void_p * n)(*[_data_pointer(s) for s, _ in pieces]),
                           (ctypes.c_void_p * n)(*[_data_pointer(t) for _, t in pieces]),
                           (ctypes.c_uint64 * n)(*[s.size * np.dtype(s.dtype).itemsize for s, _ in pieces]), n,
-                          _handles(reads), len(reads), _handles(writes), len(writes))
+                          handle_array(reads), len(reads), handle_array(writes), len(writes))
 
     def post(self, priority: int = 0) -> None:
         """Post the copies: they run once everything earlier on ``reads`` and ``writes`` has."""
