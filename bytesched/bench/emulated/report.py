@@ -191,9 +191,11 @@ def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:
               "Speedups are pairwise: each round ran every configuration once (in a rotating order), and a "
               "configuration's speedup in a round is its samples/s over vanilla's in the same round; cells show "
               "the median and range over the rounds.", "",
-              "Compute is emulated: every layer of the simulator profile owns real float32 parameters and sleeps "
-              "for its forward and backward time, so gradients go through the real hooks and transfers while the "
-              "CPUs stay free. Profiles are scaled to fit this machine (sizes and times separately):", "",
+              "Compute is emulated: every layer of the simulator profile owns real float32 parameters and takes "
+              "its forward and backward time (PyTorch: sleeping in an autograd Function; MXNet, since session 14: "
+              "one engine operation per layer and pass on an emulated device, csrc/emulated_device.cc, which "
+              "holds neither the GIL nor an engine thread), so gradients go through the real hooks and transfers "
+              "while the CPUs stay free. Profiles are scaled to fit this machine (sizes and times separately):", "",
               "| model | size scale | gradients per iteration | time scale | compute per iteration |",
               "|---|---|---|---|---|"]
     for name, w in results["workloads"].items():

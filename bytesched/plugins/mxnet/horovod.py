@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import horovod.mxnet as hvd
@@ -74,6 +75,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._partition_bytes = make_policy(self._config.policy, self._config.params).partition_bytes()
         self._avatars: dict[str, Avatars] = {}
         self._buckets: dict[int, Bucket] = {}
+        self._facts: dict[int, _Facts] = {}
         self._channel = None
         self._tuning_wanted = bool(self._config.tuning or self._config.tuning_load)
         if self._tuning_wanted and size > 1:
@@ -189,26 +191,35 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         process_set = self._hvd._process_set
         if process_set.size() == 1 or not process_set.included():
             return
-        sizes = [g.size * np.dtype(g.dtype).itemsize for g in grads]
-        kinds = [(np.dtype(g.dtype).name, g.context) for g in grads]
-        for run in fusion_runs(sizes, self._config.fusion_bytes, kinds):
+        facts = [self._facts_of(int(i), g) for i, g in zip(indices, grads)]
+        for run in fusion_runs([f.size * f.itemsize for f in facts], self._config.fusion_bytes,
+                               [f.kind for f in facts]):
             members = [int(indices[j]) for j in run]
             if len(run) == 1:
-                self._submit(str(members[0]), members[0], grads[run[0]])
+                self._submit(str(members[0]), members[0], grads[run[0]], facts[run[0]].size, facts[run[0]].itemsize)
                 continue
             member_grads = [grads[j] for j in run]
             bucket = self._buckets.get(members[0])
             if bucket is None or not bucket.matches(members, member_grads):
                 bucket = self._buckets[members[0]] = Bucket(members, member_grads, self._events.library)
             bucket.pack()
-            self._submit(bucket.name, members[0], bucket.buffer)
+            self._submit(bucket.name, members[0], bucket.buffer, sum(facts[j].size for j in run), facts[run[0]].itemsize)
             bucket.unpack()
 
-    def _submit(self, name: str, index: int, grad: mx.nd.NDArray) -> None:
-        """All-reduce ``grad`` (a gradient, or a bucket's buffer) as one ProxiedTask at the
-        priority of Trainer index ``index``."""
-        itemsize = np.dtype(grad.dtype).itemsize
-        ranges = split_elements(grad.size, itemsize, self._partition_bytes)
+    def _facts_of(self, index: int, grad: mx.nd.NDArray) -> "_Facts":
+        """What the all-reduce needs to know of ``grad``, read from MXNet when it is a new array:
+        each read is a call into MXNet that lets the GIL go and has to win it back, and Gluon
+        passes the same arrays every step (see "Posting cost" in :mod:`.kvstore`)."""
+        facts = self._facts.get(index)
+        if facts is None or facts.grad is not grad:
+            dtype = np.dtype(grad.dtype)
+            facts = self._facts[index] = _Facts(grad, grad.size, dtype.itemsize, (dtype.name, grad.context))
+        return facts
+
+    def _submit(self, name: str, index: int, grad: mx.nd.NDArray, size: int, itemsize: int) -> None:
+        """All-reduce ``grad`` (a gradient, or a bucket's buffer) of ``size`` elements of
+        ``itemsize`` bytes as one ProxiedTask at the priority of Trainer index ``index``."""
+        ranges = split_elements(size, itemsize, self._partition_bytes)
         avatars = self._avatars.get(name)
         if avatars is None or not avatars.matches([grad], ranges):
             avatars = self._avatars[name] = Avatars(self._events.library, [grad], ranges)
@@ -224,6 +235,17 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                postscale_factor=opt._postscale_factor, process_set=opt._process_set)
 
         task.post(avatars, -index, communicate)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """A gradient array and what the all-reduce reads of it: element count, element size, and
+    the (dtype, context) kind fusion groups by."""
+
+    grad: mx.nd.NDArray
+    size: int
+    itemsize: int
+    kind: tuple[str, Any]
 
 
 def _broadcast_int(value: int) -> int:
