@@ -45,10 +45,6 @@ class Target:
     source: Path
     output: Path
 
-    @property
-    def stamp(self) -> Path:
-        return WORK / f"{self.output.stem}.stamp"
-
 
 PROXIES = Target(ROOT / "csrc" / "proxies.cc", ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so")
 EMULATED_DEVICE = Target(ROOT / "csrc" / "emulated_device.cc",
@@ -105,7 +101,8 @@ def build_target(target: Target, cxx: str, package: Path, force: bool) -> Path:
     """Build one library if it is missing or out of date; return its path."""
     argv = command(cxx, package, target.source, target.output)
     want = fingerprint(target.source, argv, package)
-    if not force and target.output.exists() and target.stamp.exists() and target.stamp.read_text() == want:
+    stamp = WORK / f"{target.output.stem}.stamp"
+    if not force and target.output.exists() and stamp.exists() and stamp.read_text() == want:
         return target.output
     WORK.mkdir(parents=True, exist_ok=True)
     target.output.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +114,7 @@ def build_target(target: Target, cxx: str, package: Path, force: bool) -> Path:
         raise BuildError(f"compiling {target.source} failed:\n  {' '.join(argv_partial)}\n"
                          + result.stderr[-4000:])
     partial.replace(target.output)  # atomic: a concurrent loader never sees a half-written library
-    target.stamp.write_text(want)
+    stamp.write_text(want)
     return target.output
 
 
