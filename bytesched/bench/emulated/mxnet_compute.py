@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 from pathlib import Path
 from typing import Sequence
 
 import mxnet as mx
 from mxnet import gluon
 
-from ...plugins.mxnet.proxies import handle_array
+from ...plugins.mxnet.proxies import BUILD_HINT, handle_array
 from ...sim.profile import ModelProfile
 from .scaling import layer_sizes
 
@@ -47,9 +48,8 @@ class EmulatedDeviceError(RuntimeError):
 def _library() -> ctypes.PyDLL:
     """The loaded library. Its calls only post to MXNet's engine, so they keep the GIL
     (``PyDLL``): letting it go would make the training thread win it back after every call."""
-    hint = "build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this)"
     if not LIBRARY.exists():
-        raise EmulatedDeviceError(f"the emulated device library {LIBRARY} does not exist: {hint}")
+        raise EmulatedDeviceError(f"the emulated device library {LIBRARY} does not exist: {BUILD_HINT}")
     lib = ctypes.PyDLL(str(LIBRARY))
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.bs_last_error.restype = ctypes.c_char_p
@@ -65,9 +65,7 @@ def _check(status: int, what: str) -> None:
 
 def _ends(groups: Sequence[Sequence[mx.nd.NDArray]]) -> ctypes.Array:
     """Where each layer's arrays end in the flattened list (the library's ``*_ends``)."""
-    ends: list[int] = []
-    for group in groups:
-        ends.append((ends[-1] if ends else 0) + len(group))
+    ends = list(itertools.accumulate(len(group) for group in groups))
     return (ctypes.c_int * len(ends))(*ends)
 
 

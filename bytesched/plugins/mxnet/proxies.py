@@ -25,7 +25,7 @@ LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
 ABI_VERSION = 3
 EVENT_READY = 1
 EVENT_FINISH = 2
-_BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
+BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
                "needs g++ and the mxnet wheel's headers)")
 
 
@@ -55,15 +55,15 @@ class ProxyLibrary:
 
     def __init__(self, path: Path = LIBRARY) -> None:
         if not path.exists():
-            raise ProxyLibraryError(f"the MXNet Dependency Proxy library {path} does not exist: {_BUILD_HINT}")
+            raise ProxyLibraryError(f"the MXNet Dependency Proxy library {path} does not exist: {BUILD_HINT}")
         try:
             lib = ctypes.CDLL(str(path))
             held = ctypes.PyDLL(str(path))  # the same library; see "Calls that keep the GIL"
         except OSError as error:
-            raise ProxyLibraryError(f"cannot load {path} ({error}): rebuild it; {_BUILD_HINT}") from error
+            raise ProxyLibraryError(f"cannot load {path} ({error}): rebuild it; {BUILD_HINT}") from error
         if lib.bs_abi_version() != ABI_VERSION:
             raise ProxyLibraryError(f"{path} is a stale build (interface {lib.bs_abi_version()}, "
-                                    f"expected {ABI_VERSION}): {_BUILD_HINT}")
+                                    f"expected {ABI_VERSION}): {BUILD_HINT}")
         u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
         lib.bs_last_error.restype = ctypes.c_char_p
         lib.bs_next_events.argtypes = [vp, vp, vp, i32, i32]
