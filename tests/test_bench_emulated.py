@@ -96,12 +96,13 @@ def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scal
 
     merged = merge([part(0.1, "first", "torch-horovod", "torch-distributed"), part(0.1, "second", "mxnet-ps"),
                     part(0.1, "policies", "torch-distributed", configs=("vanilla", "p3")),
-                    part(0.1, "third", "torch-distributed", configs=("vanilla", "off", "fifo"))])
-    assert [(g["framework"], g["run"]) for g in merged["groups"]] == [  # the policies group is not replaced
-        ("torch-horovod", "first"), ("torch-distributed", "third"), ("mxnet-ps", "second"),
-        ("torch-distributed", "policies")]
-    assert [(s["group"]["run"], s["by"]) for s in merged["superseded"]] == [("first", "third")]
-    assert [m["command"] for m in merged["sources"]] == ["first", "second", "policies", "third"]
+                    part(0.1, "third", "torch-distributed", configs=("vanilla", "off", "fifo")),
+                    part(0.1, "fourth", "torch-distributed", configs=("vanilla", "off", "fifo", "p3"))])
+    assert [(g["framework"], g["run"]) for g in merged["groups"]] == [  # "third" did not cover the policies
+        ("torch-horovod", "first"), ("torch-distributed", "fourth"), ("mxnet-ps", "second")]
+    assert [(s["group"]["run"], s["by"]) for s in merged["superseded"]] == [
+        ("first", "third"), ("third", "fourth"), ("policies", "fourth")]
+    assert [m["command"] for m in merged["sources"]] == ["first", "second", "policies", "third", "fourth"]
     with pytest.raises(ValueError, match="'vgg16' was scaled differently"):
         merge([part(0.1, "first", "torch-horovod"), part(0.2, "second", "mxnet-ps")])
 

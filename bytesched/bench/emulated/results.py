@@ -90,10 +90,10 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     Their groups and skipped configurations are concatenated and each run's description kept in
     ``sources``; a model must have been scaled the same way in every file (ValueError if not),
     since the report describes each workload once. A cell (framework, model, bandwidth, ranks)
-    measured again by a later file, with every configuration the earlier group had, is replaced
-    by the later group and listed in ``superseded`` (a cell is re-measured after a change that
-    affects it; both stay on record in their files). Groups of one cell with other
-    configurations (e.g. the policies measured apart) are all kept.
+    measured again by a later file replaces every earlier group of that cell whose configurations
+    it all has (in the place of the first of them), and those are listed in ``superseded`` (a
+    cell is re-measured after a change that affects it; both stay on record in their files).
+    Groups of one cell with other configurations (e.g. the policies measured apart) are kept.
     """
     merged: dict[str, Any] = {"format": FORMAT, "sources": [], "workloads": {}, "groups": [], "not_run": [],
                               "superseded": []}
@@ -104,12 +104,11 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"model {name!r} was scaled differently in the files being merged "
                                  f"({merged['workloads'][name]} and {workload}); report them separately")
         for group in part["groups"]:
-            earlier = next((i for i, old in enumerate(merged["groups"]) if _replaces(group, old)), None)
-            if earlier is None:
-                merged["groups"].append(group)
-            else:
-                merged["superseded"].append({"group": merged["groups"][earlier], "by": part["meta"]["command"]})
-                merged["groups"][earlier] = group
+            replaced = [i for i, old in enumerate(merged["groups"]) if _replaces(group, old)]
+            merged["superseded"] += [{"group": merged["groups"][i], "by": part["meta"]["command"]} for i in replaced]
+            place = replaced[0] if replaced else len(merged["groups"])
+            merged["groups"] = [old for i, old in enumerate(merged["groups"]) if i not in replaced[1:]]
+            merged["groups"][place:place + bool(replaced)] = [group]
         merged["not_run"] += part["not_run"]
     return merged
 
