@@ -188,6 +188,21 @@ def test_fitted_overhead_recovers_the_cost_that_produced_the_probe_times(arch: s
                                                                                                   rel=0.1)
 
 
+def test_fitted_overhead_is_never_below_the_plain_paths_cost() -> None:
+    """Probe times of free messages give about the plain path's per-operation cost, never less:
+    bytesched's partitions are the framework's own collectives."""
+    [group], _ = groups(["torch-horovod"], ["vgg16"], [GBIT], [2], [])
+    profile = scaled_profile("vgg16", Scale(size=0.015, time=0.2))
+    options = cluster_options(group, "full-duplex", Calibration(0.002, 0.08, 8_000_000))
+    measured = [SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
+                                  credit=p.credit_bytes, **{**options, "overhead": 0.0}).predictions[0]
+                .result("bytescheduler").iteration_time
+                for p in (CONFIGURATIONS[name].params for name in PROBES)]
+    assert options["overhead"] == 0.002
+    theta = fit_scheduled_overhead(profile, options, *measured, plain_baseline(profile, options))
+    assert 0.002 <= theta < 0.0025  # the coarse probe is not monotonic in θ: the grid's next point can fit best
+
+
 def test_fitted_ps_latency_recovers_the_delay_that_produced_the_probe_times() -> None:
     """A PS's three probe times simulated with a known pipelined latency give that latency back,
     and the harness fits a latency (not an overhead) for a PS group."""
