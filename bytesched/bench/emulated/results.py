@@ -106,6 +106,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         for group in part["groups"]:
             replaced = [i for i, old in enumerate(merged["groups"]) if _replaces(group, old)]
             merged["superseded"] += [{"group": merged["groups"][i], "by": part["meta"]["command"]} for i in replaced]
+            # the later group takes the place of the first group it replaces; the others go
             place = replaced[0] if replaced else len(merged["groups"])
             merged["groups"] = [old for i, old in enumerate(merged["groups"]) if i not in replaced[1:]]
             merged["groups"][place:place + bool(replaced)] = [group]

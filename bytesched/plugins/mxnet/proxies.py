@@ -26,7 +26,7 @@ ABI_VERSION = 3
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
-               "needs g++ and the mxnet wheel's headers)")
+              "needs g++ and the mxnet wheel's headers)")
 
 
 class ProxyLibraryError(RuntimeError):
