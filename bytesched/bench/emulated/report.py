@@ -234,8 +234,9 @@ def write_section(docs: Path, section: str) -> None:
 
 
 def plot(results: dict[str, Any], folder: Path) -> list[Path]:
-    """One PNG per (framework, model): measured speedup (median, min-max bars) against bandwidth,
-    per configuration, with the simulator's prediction dashed in the same colour."""
+    """One PNG per (framework, model, ranks): measured speedup (median, min-max bars) against
+    bandwidth, per configuration of any of the panel's groups, with the simulator's prediction
+    in the same colour, dashed with crosses (a cross alone where one bandwidth was measured)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -248,7 +249,7 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
     for (framework, model, ranks), groups in sorted(panels.items()):
         groups.sort(key=lambda g: g["bits_per_second"])
         figure, axes = plt.subplots(figsize=(6.4, 4.0))
-        names = [n for n in groups[0]["configs"] if n != BASELINE]
+        names = list(dict.fromkeys(n for group in groups for n in group["configs"] if n != BASELINE))
         for index, name in enumerate(names):
             colour = f"C{index}"
             xs, ys, lows, highs, predicted = [], [], [], [], []
@@ -263,7 +264,7 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
                 predicted.append(cell.predicted_speedup)
             if xs:
                 axes.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=3, label=name)
-                axes.plot(xs, predicted, color=colour, linestyle="--", alpha=0.6)
+                axes.plot(xs, predicted, color=colour, linestyle="--", marker="x", alpha=0.6)
         axes.axhline(1.0, color="grey", linewidth=0.8)
         axes.set_xscale("log")
         rates = [g["bits_per_second"] / 1e9 for g in groups]
@@ -271,7 +272,7 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
         axes.minorticks_off()
         axes.set_xlabel("bandwidth (Gbit/s)")
         axes.set_ylabel("speedup over vanilla")
-        axes.set_title(f"{framework}, {model}, {ranks} ranks (dashed: simulator)")
+        axes.set_title(f"{framework}, {model}, {ranks} ranks (x, dashed: simulator)")
         axes.legend(fontsize=8)
         figure.tight_layout()
         path = folder / f"bench_emulated_{framework}_{model}_{ranks}r.png"
