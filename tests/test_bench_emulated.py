@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -169,6 +169,16 @@ def plain_baseline(profile: ModelProfile, options: dict[str, Any]) -> tuple[floa
     return plain, SLOWER * plain
 
 
+def probe_seconds(profile: ModelProfile, options: dict[str, Any], names: Sequence[str],
+                  **cost: float) -> tuple[float, ...]:
+    """The fitting tests' "measured" step times under the probes ``names``, simulated with the
+    cost of bytesched's path ``cost`` (an overhead or a latency)."""
+    return tuple(SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
+                                   credit=p.credit_bytes, **{**options, **cost}).predictions[0]
+                 .result("bytescheduler").iteration_time
+                 for p in (CONFIGURATIONS[name].params for name in names))
+
+
 @pytest.mark.parametrize("arch, theta", [("allreduce", 0.004), ("ps", 0.0015)])
 def test_fitted_overhead_recovers_the_cost_that_produced_the_probe_times(arch: str, theta: float) -> None:
     """Probe times simulated at a known per-message cost give that cost back, also when the whole
@@ -176,11 +186,7 @@ def test_fitted_overhead_recovers_the_cost_that_produced_the_probe_times(arch: s
     [group], _ = groups(["torch-horovod" if arch == "allreduce" else "mxnet-ps"], ["vgg16"], [GBIT], [2], [])
     profile = scaled_profile("vgg16", Scale(size=0.015, time=0.2))
     options = cluster_options(group, "full-duplex", Calibration(0.002, 0.08, 8_000_000))
-    coarse, fine = (CONFIGURATIONS[name].params for name in PROBES)
-    measured = [SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
-                                  credit=p.credit_bytes, **{**options, "overhead": theta}).predictions[0]
-                .result("bytescheduler").iteration_time
-                for p in (coarse, fine)]
+    measured = probe_seconds(profile, options, PROBES, overhead=theta)
     baseline = plain_baseline(profile, options)
     assert fit_scheduled_overhead(profile, options, *measured, baseline) == pytest.approx(theta, rel=0.06)
     if arch == "allreduce":  # slower than anything the grid explains: its largest cost
@@ -194,10 +200,7 @@ def test_fitted_overhead_is_never_below_the_plain_paths_cost() -> None:
     [group], _ = groups(["torch-horovod"], ["vgg16"], [GBIT], [2], [])
     profile = scaled_profile("vgg16", Scale(size=0.015, time=0.2))
     options = cluster_options(group, "full-duplex", Calibration(0.002, 0.08, 8_000_000))
-    measured = [SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
-                                  credit=p.credit_bytes, **{**options, "overhead": 0.0}).predictions[0]
-                .result("bytescheduler").iteration_time
-                for p in (CONFIGURATIONS[name].params for name in PROBES)]
+    measured = probe_seconds(profile, options, PROBES, overhead=0.0)
     assert options["overhead"] == 0.002
     theta = fit_scheduled_overhead(profile, options, *measured, plain_baseline(profile, options))
     assert 0.002 <= theta < 0.0025  # the coarse probe is not monotonic in θ: the grid's next point can fit best
@@ -211,10 +214,7 @@ def test_fitted_ps_latency_recovers_the_delay_that_produced_the_probe_times() ->
     calibration = Calibration(0.002, 0.08, 8_000_000)
     options = cluster_options(group, "full-duplex", calibration)
     assert probes("ps") == PS_PROBES and len(PS_PROBES) == 3 and probes("allreduce") == PROBES
-    measured = tuple(SLOWER * simulate(profile, policies=["bytescheduler"], partition=p.partition_bytes,
-                                       credit=p.credit_bytes, **{**options, "latency": 0.003}).predictions[0]
-                     .result("bytescheduler").iteration_time
-                     for p in (CONFIGURATIONS[name].params for name in PS_PROBES))
+    measured = probe_seconds(profile, options, PS_PROBES, latency=0.003)
     baseline = plain_baseline(profile, options)
     assert fit_scheduled_latency(profile, options, measured, baseline) == pytest.approx(0.003, rel=0.08)
     with pytest.raises(ValueError, match="without the plain path"):

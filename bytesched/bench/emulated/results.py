@@ -104,12 +104,15 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"model {name!r} was scaled differently in the files being merged "
                                  f"({merged['workloads'][name]} and {workload}); report them separately")
         for group in part["groups"]:
-            replaced = [i for i, old in enumerate(merged["groups"]) if _replaces(group, old)]
-            merged["superseded"] += [{"group": merged["groups"][i], "by": part["meta"]["command"]} for i in replaced]
-            # the later group takes the place of the first group it replaces; the others go
-            place = replaced[0] if replaced else len(merged["groups"])
-            merged["groups"] = [old for i, old in enumerate(merged["groups"]) if i not in replaced[1:]]
-            merged["groups"][place:place + bool(replaced)] = [group]
+            kept = merged["groups"]
+            replaced = [i for i, old in enumerate(kept) if _replaces(group, old)]
+            merged["superseded"] += [{"group": kept[i], "by": part["meta"]["command"]} for i in replaced]
+            if not replaced:
+                kept.append(group)
+                continue
+            kept[replaced[0]] = group  # in the place of the first group it replaces; the others go
+            for i in reversed(replaced[1:]):
+                del kept[i]
         merged["not_run"] += part["not_run"]
     return merged
 
