@@ -23,9 +23,10 @@ from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_mea
                                                  fit_scheduled_latency, fit_scheduled_overhead, predict_group,
                                                  resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
-from bytesched.bench.emulated.report import BEGIN, END, _calibration, write_section
+from bytesched.bench.emulated.report import BEGIN, END, _calibration, group_table, write_section
 from bytesched.bench.emulated.results import merge, summarize
 from bytesched.bench.emulated.scaling import Scale, balanced_time_scale, scaled_profile
+from bytesched.bench.emulated.usage import Stopwatch
 from bytesched.core.config import SchedulingParams
 from bytesched.emulation import unavailable_reason
 from bytesched.sim.predict import simulate
@@ -86,6 +87,37 @@ def test_speedups_are_pairwise_per_round() -> None:
     assert p3.speedup is not None and (p3.speedup.low, p3.speedup.high, p3.speedup.count) == (1.2, 1.5, 2)
     assert p3.throughput is not None and p3.throughput.median == 150.0 and p3.throughput.count == 3
     assert p3.error == pytest.approx(0.5) and vanilla.error is None
+
+
+def test_stopwatch_counts_this_process_cpu_and_the_machines_busy_share() -> None:
+    clock = Stopwatch()
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:
+        pass
+    busy = clock.stop()
+    clock = Stopwatch()
+    time.sleep(0.2)
+    idle = clock.stop()
+    assert busy.cpu_seconds >= 0.2 and busy.seconds >= busy.cpu_seconds * 0.9
+    assert busy.machine_busy is not None and 0 < busy.machine_busy <= 1
+    assert idle.cpu_seconds < 0.05 and idle.seconds >= 0.2
+
+
+def test_cpu_columns_appear_for_runs_that_recorded_them() -> None:
+    def group(**usage: float) -> dict[str, Any]:
+        return {"framework": "torch-horovod", "model": "vgg16", "bits_per_second": GBIT, "ranks": 4,
+                "configs": ["vanilla", "off"], "runs": [
+                    {"config": c, "round": r, "samples_per_second": 10.0 + r, "steps": 10, **usage}
+                    for c in ("vanilla", "off") for r in (0, 1, 2)]}
+
+    recorded = group(cpu_seconds=0.5, machine_busy=0.97)
+    vanilla, _ = summarize(recorded)
+    assert vanilla.cpu_per_step is not None and vanilla.cpu_per_step.median == pytest.approx(0.05)
+    assert vanilla.machine_busy is not None and vanilla.machine_busy.median == pytest.approx(0.97)
+    table = group_table(recorded)
+    assert table[2].endswith("| rank 0 CPU per step | machine busy |") and table[4].endswith("| 50 ms | 97% |")
+    older = group_table(group())  # files from before session 16
+    assert summarize(group())[0].cpu_per_step is None and older[2].endswith("| prediction error |")
 
 
 def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scaled_models() -> None:
@@ -446,7 +478,8 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
         nominal = results["workloads"][group["model"]]["compute_seconds"]
         assert group["calibration"]["compute_seconds"] >= 0.99 * nominal, group["calibration"]
         assert group["prediction"]["compute_time"] == pytest.approx(group["calibration"]["compute_seconds"])
-        assert all(run["samples_per_second"] > 0 for run in group["runs"])
+        assert all(run["samples_per_second"] > 0 and run["cpu_seconds"] > 0 and 0 < run["machine_busy"] <= 1
+                   for run in group["runs"])
         assert set(group["prediction"]["configs"]) == set(group["configs"])
         assert group["failures"] == []
     assert _namespaces_of(results["meta"]["pid"]) == []  # the emulated network is gone
@@ -455,4 +488,5 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
     assert "**torch-horovod, vgg16, 1 Gbit/s, 2 ranks**" in text and "**mxnet-ps, vgg16, 1 Gbit/s, 2 ranks**" in text
     assert "bytesched bench emulated --quick" in text
     assert "A training step of the emulated model without communication took" in text
+    assert "| rank 0 CPU per step | machine busy |" in text
     assert len(list(img.glob("bench_emulated_*.png"))) == len(FRAMEWORKS)

@@ -14,9 +14,7 @@ first second, and the posting overlapped the first timed steps.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-import time
 from typing import Any, Callable
 
 import mxnet as mx
@@ -28,8 +26,9 @@ from bytesched.sim.profile import ModelProfile
 from .configs import Configuration, configuration
 from .mxnet_compute import EmulatedModel
 from .calibration import calibrate
-from .protocol import emit, parse_worker_args
+from .protocol import emit, emit_run, parse_worker_args
 from .scaling import Scale, scaled_profile
+from .usage import Stopwatch
 
 
 SGD = {"learning_rate": 1e-3, "momentum": 0.9}
@@ -134,19 +133,18 @@ def main(argv: list[str] | None = None) -> int:
     profile = scaled_profile(args.model, Scale(args.size_scale, args.time_scale))
     model = EmulatedModel(profile)
     train, store, rank, size = trainer(args.backend, model, config)
-    started = 0.0
+    clock = Stopwatch()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             mx.nd.waitall()
-            started = time.perf_counter()
+            clock = Stopwatch()
         train_step(model, train, profile.batch_size)
     mx.nd.waitall()
     if hasattr(store, "wait_idle"):
         store.wait_idle(120)
-    seconds = time.perf_counter() - started
+    usage = clock.stop()
     if rank == 0:
-        emit({"config": name, "round": round_number, "seconds": seconds, "steps": args.steps,
-              "samples_per_second": size * profile.batch_size * args.steps / seconds, "pid": os.getpid()})
+        emit_run(name, round_number, usage, args.steps, size * profile.batch_size)
     return 0
 
 

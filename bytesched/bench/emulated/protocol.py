@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Iterable
+
+from .usage import Usage
 
 MARKER = "BENCH-RESULT "
 
@@ -18,6 +21,14 @@ def emit(record: dict[str, Any]) -> None:
     """Print one result line (flushed at once: the harness shows progress as lines arrive)."""
     sys.stdout.write(MARKER + json.dumps(record, sort_keys=True) + "\n")
     sys.stdout.flush()
+
+
+def emit_run(config: str, round_number: int, usage: Usage, steps: int, samples_per_step: int) -> None:
+    """Report one measured run of ``steps`` steps, each training on ``samples_per_step`` samples
+    across all ranks (rank 0 calls it)."""
+    emit({"config": config, "round": round_number, "seconds": usage.seconds, "steps": steps,
+          "samples_per_second": samples_per_step * steps / usage.seconds, "pid": os.getpid(),
+          "cpu_seconds": usage.cpu_seconds, "machine_busy": usage.machine_busy})
 
 
 def parse(lines: Iterable[str]) -> list[dict[str, Any]]:

@@ -33,6 +33,14 @@ def _number(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _milliseconds(value: Spread | None) -> str:
+    return "-" if value is None else f"{value.median * 1e3:.0f} ms"
+
+
+def _busy(value: Spread | None) -> str:
+    return "-" if value is None else f"{value.median * 100:.0f}%"
+
+
 def _kib(nbytes: int) -> str:
     """Sizes as the configurations name them: 512 KB, 2 MB (binary units)."""
     return f"{nbytes / 2**20:g} MB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KB"
@@ -45,13 +53,17 @@ def group_title(group: dict[str, Any]) -> str:
 
 def group_table(group: dict[str, Any]) -> list[str]:
     """The markdown table of one group, plus its ideal speedup and failures."""
+    cells = summarize(group)
+    usage = any(cell.cpu_per_step is not None for cell in cells)  # recorded since session 16
     lines = [f"**{group_title(group)}**", "",
              "| configuration | samples/s median [min-max] | speedup over vanilla [min-max] | predicted samples/s "
-             "| predicted speedup | prediction error |", "|---|---|---|---|---|---|"]
-    for cell in summarize(group):
+             "| predicted speedup | prediction error |" + (" rank 0 CPU per step | machine busy |" if usage else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if usage else "")]
+    for cell in cells:
         lines.append(f"| {cell.config} | {_spread(cell.throughput)} | {_spread(cell.speedup, 2, 'x')} "
                      f"| {_number(cell.predicted_throughput)} | {_number(cell.predicted_speedup, 2, 'x')} "
-                     f"| {_percent(cell.error)} |")
+                     f"| {_percent(cell.error)} |" + (f" {_milliseconds(cell.cpu_per_step)} "
+                                                      f"| {_busy(cell.machine_busy)} |" if usage else ""))
     lines += _calibration(group) + _prediction(group)
     retried = group.get("retried", [])
     if retried:
@@ -190,7 +202,10 @@ def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:
               "machine with few cores a figure taken at a higher load is noisier. "
               "Speedups are pairwise: each round ran every configuration once (in a rotating order), and a "
               "configuration's speedup in a round is its samples/s over vanilla's in the same round; cells show "
-              "the median and range over the rounds.", "",
+              "the median and range over the rounds. Tables of runs since session 16 add the CPU rank 0's "
+              "process (all its threads) used per timed step and the share of the machine's cores busy meanwhile "
+              "(medians): every emulated host shares this machine's cores, so a cell whose vanilla keeps them near "
+              "100% busy is CPU-bound, not network-bound.", "",
               "Compute is emulated: every layer of the simulator profile owns real float32 parameters and takes "
               "its forward and backward time (PyTorch: sleeping in an autograd Function; MXNet, since session 14: "
               "one engine operation per layer and pass on an emulated device, csrc/emulated_device.cc, which "

@@ -58,6 +58,10 @@ class CellSummary:
     speedup: Spread | None
     predicted_throughput: float | None
     predicted_speedup: float | None
+    cpu_per_step: Spread | None = None
+    """Seconds of CPU the reporting rank's process used per step (runs from before session 16: None)."""
+    machine_busy: Spread | None = None
+    """Share of the machine's cores busy during the timed steps."""
 
     @property
     def error(self) -> float | None:
@@ -70,8 +74,10 @@ class CellSummary:
 def summarize(group: dict[str, Any]) -> list[CellSummary]:
     """The cells of one group of the results file, in its configuration order."""
     by_config: dict[str, dict[int, float]] = {}
+    runs_of: dict[str, list[dict[str, Any]]] = {}
     for run in group["runs"]:
         by_config.setdefault(run["config"], {})[run["round"]] = run["samples_per_second"]
+        runs_of.setdefault(run["config"], []).append(run)
     baseline = by_config.get(BASELINE, {})
     predicted = (group.get("prediction") or {}).get("configs", {})
     cells = []
@@ -79,8 +85,11 @@ def summarize(group: dict[str, Any]) -> list[CellSummary]:
         rounds = by_config.get(name, {})
         ratios = [value / baseline[r] for r, value in rounds.items() if r in baseline]
         guess = predicted.get(name, {})
+        runs = runs_of.get(name, [])
+        cpu = Spread.of([run["cpu_seconds"] / run["steps"] for run in runs if "cpu_seconds" in run])
+        busy = Spread.of([run["machine_busy"] for run in runs if run.get("machine_busy") is not None])
         cells.append(CellSummary(name, Spread.of(list(rounds.values())), Spread.of(ratios),
-                                 guess.get("samples_per_second"), guess.get("speedup")))
+                                 guess.get("samples_per_second"), guess.get("speedup"), cpu, busy))
     return cells
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -23,9 +21,10 @@ from bytesched.plugins.torch import ScheduledOptimizer
 from .cells import REAL_MODELS
 from .configs import Configuration, configuration
 from .calibration import calibrate
-from .protocol import emit, parse_worker_args
+from .protocol import emit, emit_run, parse_worker_args
 from .scaling import Scale, scaled_profile
 from .torch_compute import Workload
+from .usage import Stopwatch, Usage
 
 REAL_BATCH = 64
 """Batch per rank of the real (non-emulated) models."""
@@ -92,23 +91,23 @@ class Backend:
         return lambda: torch.distributed.all_reduce(tensor)
 
 
-def measure(backend: Backend, workload: Workload, config: Configuration, steps: int, warmup: int) -> float:
-    """Seconds for ``steps`` training steps after ``warmup`` untimed ones (communication done)."""
+def measure(backend: Backend, workload: Workload, config: Configuration, steps: int, warmup: int) -> Usage:
+    """The time and CPU of ``steps`` training steps after ``warmup`` untimed ones (communication done)."""
     optimizer = backend.optimizer(workload, config)
     try:
-        started = 0.0
+        clock = Stopwatch()
         for step in range(warmup + steps):
             if step == warmup:
                 if config.scheduled:
                     optimizer.synchronize()
                 backend.barrier()
-                started = time.perf_counter()
+                clock = Stopwatch()
             optimizer.zero_grad()
             workload.loss().backward()
             optimizer.step()
         if config.scheduled:
             optimizer.synchronize()
-        return time.perf_counter() - started
+        return clock.stop()
     finally:
         if config.scheduled:
             optimizer.close()
@@ -154,10 +153,9 @@ def run(args: argparse.Namespace, backend: Backend) -> None:
     for name, round_number in args.runs:
         config = configuration(name, args.sizes)
         workload = Workload(args.model, profile, batch)
-        seconds = measure(backend, workload, config, args.steps, args.warmup)
+        usage = measure(backend, workload, config, args.steps, args.warmup)
         if backend.rank == 0:
-            emit({"config": name, "round": round_number, "seconds": seconds, "steps": args.steps,
-                  "samples_per_second": backend.size * batch * args.steps / seconds, "pid": os.getpid()})
+            emit_run(name, round_number, usage, args.steps, backend.size * batch)
 
 
 if __name__ == "__main__":
