@@ -12,9 +12,10 @@ measurement.
 
 Modules: :mod:`.scaling` (profile -> the scaled profile a cell runs), :mod:`.torch_compute` and
 :mod:`.mxnet_compute` (the models), :mod:`.torch_worker` and :mod:`.mxnet_worker` (the ranks),
-:mod:`.protocol` (worker options and result lines), :mod:`.usage` (a run's CPU), :mod:`.configs` (vanilla and the policies),
-:mod:`.cells` (the matrix and its order), :mod:`.calibration` (the measured per-operation cost
-and bandwidth), :mod:`.runner` (jobs on ``bytesched.emulation``'s clusters),
+:mod:`.protocol` (worker options and result lines), :mod:`.usage` (a run's CPU),
+:mod:`.configs` (vanilla and the policies), :mod:`.cells` (the matrix and its order),
+:mod:`.calibration` (the measured per-operation cost and bandwidth), :mod:`.runner` (jobs on
+``bytesched.emulation``'s clusters),
 :mod:`.prediction` (the simulator's view of a cell and its sizes), :mod:`.results` (JSON and
 statistics), :mod:`.report` (markdown and plots), :mod:`.command` (the command line).
 """
