@@ -33,12 +33,9 @@ def _number(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def _milliseconds(value: Spread | None) -> str:
-    return "-" if value is None else f"{value.median * 1e3:.0f} ms"
-
-
-def _busy(value: Spread | None) -> str:
-    return "-" if value is None else f"{value.median * 100:.0f}%"
+def _median(value: Spread | None, scale: float, suffix: str) -> str:
+    """A median alone, scaled to the unit of ``suffix`` (" ms", "%")."""
+    return _number(None if value is None else value.median * scale, 0, suffix)
 
 
 def _kib(nbytes: int) -> str:
@@ -55,15 +52,15 @@ def group_table(group: dict[str, Any]) -> list[str]:
     """The markdown table of one group, plus its ideal speedup and failures."""
     cells = summarize(group)
     usage = any(cell.cpu_per_step is not None for cell in cells)  # recorded since session 16
-    lines = [f"**{group_title(group)}**", "",
-             "| configuration | samples/s median [min-max] | speedup over vanilla [min-max] | predicted samples/s "
-             "| predicted speedup | prediction error |" + (" rank 0 CPU per step | machine busy |" if usage else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if usage else "")]
+    header = ["configuration", "samples/s median [min-max]", "speedup over vanilla [min-max]",
+              "predicted samples/s", "predicted speedup", "prediction error"]
+    header += ["rank 0 CPU per step", "machine busy"] * usage
+    lines = [f"**{group_title(group)}**", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for cell in cells:
-        lines.append(f"| {cell.config} | {_spread(cell.throughput)} | {_spread(cell.speedup, 2, 'x')} "
-                     f"| {_number(cell.predicted_throughput)} | {_number(cell.predicted_speedup, 2, 'x')} "
-                     f"| {_percent(cell.error)} |" + (f" {_milliseconds(cell.cpu_per_step)} "
-                                                      f"| {_busy(cell.machine_busy)} |" if usage else ""))
+        row = [cell.config, _spread(cell.throughput), _spread(cell.speedup, 2, "x"),
+               _number(cell.predicted_throughput), _number(cell.predicted_speedup, 2, "x"), _percent(cell.error)]
+        row += [_median(cell.cpu_per_step, 1e3, " ms"), _median(cell.machine_busy, 100, "%")] * usage
+        lines.append("| " + " | ".join(row) + " |")
     lines += _calibration(group) + _prediction(group)
     retried = group.get("retried", [])
     if retried:

@@ -73,16 +73,18 @@ class CellSummary:
 
 def summarize(group: dict[str, Any]) -> list[CellSummary]:
     """The cells of one group of the results file, in its configuration order."""
-    by_config: dict[str, dict[int, float]] = {}
     runs_of: dict[str, list[dict[str, Any]]] = {}
     for run in group["runs"]:
-        by_config.setdefault(run["config"], {})[run["round"]] = run["samples_per_second"]
         runs_of.setdefault(run["config"], []).append(run)
-    baseline = by_config.get(BASELINE, {})
+
+    def throughput(name: str) -> dict[int, float]:
+        return {run["round"]: run["samples_per_second"] for run in runs_of.get(name, [])}
+
+    baseline = throughput(BASELINE)
     predicted = (group.get("prediction") or {}).get("configs", {})
     cells = []
     for name in group["configs"]:
-        rounds = by_config.get(name, {})
+        rounds = throughput(name)
         ratios = [value / baseline[r] for r, value in rounds.items() if r in baseline]
         guess = predicted.get(name, {})
         runs = runs_of.get(name, [])
