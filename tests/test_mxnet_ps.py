@@ -82,7 +82,7 @@ def test_scheduled_dist_sync_equals_plain(plain: Path, tmp_path: Path, policy: s
                          "BYTESCHED_CREDIT_BYTES": "2000"})
 
     assert_same_weights(plain / "worker0.npz", tmp_path)
-    assert orders(output) == ["rank0"] * 2
+    assert orders(output) == ["immediate" if policy == "fifo" else "rank0"] * 2  # fifo holds nothing back
     # 16 partitions per step (a 1536-element matrix alone is 7): tensors really were split;
     # fifo is the no-scheduler baseline and never partitions (6 tensors per step)
     assert subtasks(output) == [(6 if policy == "fifo" else 16) * 20] * 2
@@ -101,6 +101,20 @@ def test_skewed_workers_and_a_partition_change_mid_training(plain: Path, tmp_pat
     assert_same_weights(plain / "worker0.npz", tmp_path)
     assert "partition_bytes=300" in output
     assert subtasks(output) == [16 * 10 + 44 * 10] * 2
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+def test_unlimited_credit_runs_skewed_workers_in_immediate_order(plain: Path, tmp_path: Path) -> None:
+    """With unlimited credit no worker holds a push back, so the workers start partitions as they
+    become ready, without rank 0's order: worker 1 pushing in reverse order with pauses must
+    neither deadlock nor change a bit of the result."""
+    output = launch(tmp_path, "--store", "scheduled", "--skew",
+                    env={"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "inf"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert orders(output) == ["immediate"] * 2
+    assert subtasks(output) == [16 * 20] * 2
 
 
 @pytest.mark.multiproc

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bytesched.core import SchedulingError, SchedulingParams, Scheduler, SubTask, UNLIMITED, split_elements
-from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
+from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy, ps_order
 
 from coretools import BufferTask, VirtualDriver
 
@@ -169,6 +169,28 @@ def test_immediate_follower_partitions_like_the_leader() -> None:
     sched.enqueue(task, 0.0)
     assert len(task.subtasks) == 3  # P3's 160 KB slices
     assert len(sched.ready(task, 0.0)) == 3  # all at once: the backend negotiates order
+
+
+@pytest.mark.parametrize(("policy", "credit", "holds_back"), [
+    ("fifo", 100, False), ("bytescheduler", UNLIMITED, False), ("bytescheduler", 100, True),
+    ("tictac", UNLIMITED, False), ("tictac", 100, True), ("prophet", UNLIMITED, True), ("p3", UNLIMITED, True)])
+def test_a_policy_that_never_holds_back_starts_every_ready_subtask_at_once(policy, credit, holds_back) -> None:
+    """``holds_back()`` decides a PS's follower order (``ps_order``), so it must be true to the
+    policy: one that says False never leaves a ready sub-task waiting."""
+    leader = make_policy(policy, SchedulingParams(partition_bytes=64, credit_bytes=credit))
+    assert leader.holds_back() is holds_back
+    assert ps_order(leader) == ("rank0" if holds_back else "immediate")
+    assert ps_order(leader, tuning=True) == "rank0"
+    assert FollowOrderPolicy(leader).holds_back() and not ImmediatePolicy(leader).holds_back()
+    sched = Scheduler(leader)
+    tasks = [BufferTask(f"t{i}", i % 3, 200) for i in range(6)]
+    for i, task in enumerate(tasks):
+        sched.enqueue(task, float(i))
+        sched.ready(task, float(i))  # nothing ever finishes
+    if not holds_back:
+        assert sched.waiting == 0
+    elif policy != "prophet":  # Prophet holds back by its forecast, not in every scenario
+        assert sched.waiting > 0
 
 
 def test_announce_on_a_leader_is_an_error() -> None:

@@ -6,8 +6,9 @@ steady-state iteration time:
 - every class of identical workers gets a real :class:`~bytesched.core.scheduler.Scheduler`:
   rank 0's class with the policy from :func:`~bytesched.core.policies.make_policy`, the others
   as followers exactly as the runtime Core builds them (all-reduce: ``immediate``, since
-  Horovod runs a collective once every rank submitted it; PS: ``rank0`` order, so that workers
-  never wait on each other's different orders under a credit limit);
+  Horovod runs a collective once every rank submitted it; PS: ``rank0`` order, so that every
+  worker's uplink carries rank 0's schedule, or ``immediate`` for a policy that never holds a
+  sub-task back, as :func:`~bytesched.core.policies.ps_order` decides);
 - the backend is :class:`~bytesched.sim.allreduce.RingAllreduce` or
   :class:`~bytesched.sim.ps.ParameterServer` over a processor-sharing fabric;
 - ``vanilla`` is what frameworks do without bytesched: whole tensors in readiness order (the
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..core.config import SchedulingParams
-from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
+from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Policy, make_policy, ps_order
 from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
 from ..core.scheduler import Scheduler
 from ..core.task import SubTask, fusion_runs, split_elements
@@ -202,11 +203,12 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
                                              overhead=cluster.overhead, latency=cluster.latency))
 
+    follow_rank0 = cluster.arch == "ps" and not vanilla and ps_order(leader_policy) == "rank0"
     workers: list[WorkerClass] = []
     for index, (spec, _ranks) in enumerate(classes):
         if index == 0:
             policy_object: Policy = leader_policy
-        elif cluster.arch == "ps" and not vanilla:
+        elif follow_rank0:
             policy_object = FollowOrderPolicy(make_policy(policy_name, params))
         else:
             policy_object = ImmediatePolicy(make_policy(policy_name, params))
@@ -216,7 +218,7 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
                                    compute_scale=spec.compute, barrier=vanilla,
                                    update_on_device=cluster.arch == "allreduce"))
     leader = workers[0]
-    if cluster.arch == "ps" and not vanilla:
+    if follow_rank0:
         leader.followers = workers[1:]
     if trace:
         leader.compute_spans = []

@@ -6,7 +6,7 @@ from ..config import POLICIES, ConfigError, SchedulingParams
 from .base import CreditPolicy, Policy, PriorityPolicy, Window
 from .bytescheduler import ByteSchedulerPolicy
 from .fifo import FifoPolicy
-from .follow import FollowOrderPolicy, ImmediatePolicy
+from .follow import FollowOrderPolicy, ImmediatePolicy, ps_order
 from .p3 import P3Policy
 from .prophet import ProphetPolicy
 from .tictac import TicTacPolicy
@@ -38,5 +38,5 @@ def make_policy(name: str, params: SchedulingParams) -> Policy:
 __all__ = [
     "Policy", "PriorityPolicy", "CreditPolicy", "Window", "ByteSchedulerPolicy", "FifoPolicy",
     "P3Policy", "TicTacPolicy", "ProphetPolicy", "ImmediatePolicy", "FollowOrderPolicy",
-    "make_policy", "register",
+    "make_policy", "ps_order", "register",
 ]

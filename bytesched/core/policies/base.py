@@ -4,6 +4,7 @@ it start now?". Everything else (partitioning, credit accounting, statistics) is
 
 from __future__ import annotations
 
+import math
 from heapq import heappop, heappush
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -98,6 +99,12 @@ class Policy(ABC):
         closing), so that drivers can wake the scheduler then; None if never."""
         return None
 
+    def holds_back(self) -> bool:
+        """May this policy keep a ready sub-task waiting (a credit, a time window, one message in
+        flight)? One that never does starts every sub-task the moment it is ready, so its start
+        order is readiness order and followers have no decision of rank 0's to wait for."""
+        return True
+
 
 class PriorityPolicy(Policy):
     """Ready queue ordered by (task priority, enqueue order, partition index): lower first.
@@ -183,6 +190,10 @@ class CreditPolicy(PriorityPolicy):
 
     def admits(self, sub: SubTask, window: Window, now: float) -> bool:
         return window.fits(sub.nbytes, self.params.credit_bytes)
+
+    def holds_back(self) -> bool:
+        """Only under a finite credit, unless a subclass admits by another rule (Prophet)."""
+        return self.params.credit_bytes < math.inf or _overrides(type(self), CreditPolicy, "admits")
 
     def release(self, window: Window, now: float) -> list[SubTask]:
         heap = self._heap

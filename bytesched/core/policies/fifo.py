@@ -35,5 +35,8 @@ class FifoPolicy(Policy):
     def admits(self, sub: SubTask, window: Window, now: float) -> bool:
         return True
 
+    def holds_back(self) -> bool:
+        return False
+
     def __len__(self) -> int:
         return len(self._queue)

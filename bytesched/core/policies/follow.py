@@ -82,3 +82,17 @@ class FollowOrderPolicy(Policy):
         if self._order and self._order[0] not in self._ready:
             return self._order[0]
         return None
+
+
+def ps_order(leader: Policy, *, tuning: bool = False) -> str:
+    """The follower mode of a synchronous parameter server's workers under ``leader``.
+
+    Followers never hold a push back (a ``dist_sync`` server answers a key once every worker
+    pushed it, so workers holding pushes back in their own orders could wait on each other
+    forever); ``rank0`` order makes them start rank 0's schedule, so that every worker's uplink
+    carries the urgent partitions first. A policy that never holds a ready sub-task back (``fifo``,
+    or a credit policy with unlimited credit) has no schedule to share: ``immediate`` order starts
+    the same sub-tasks at once, without a channel round trip per start. Tuning may set a finite
+    credit later, so it keeps ``rank0``.
+    """
+    return "rank0" if tuning or leader.holds_back() else "immediate"

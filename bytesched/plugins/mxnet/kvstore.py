@@ -24,6 +24,9 @@ Core in ``rank0`` order mode: rank 0 alone applies the policy and credit, and an
 start over the rank-0 channel; the others start exactly that sequence, each partition as soon
 as it is ready locally, without credit. Every worker then pushes the keys in one global order,
 and a push that rank 0 started is eventually started by everyone, so no cycle of waits can form.
+A policy that never holds a ready partition back (``fifo``, or unlimited credit without tuning)
+has no schedule to share, and its workers run in ``immediate`` order: each starts a partition
+once it is ready, without the channel round trip (:func:`~bytesched.core.policies.ps_order`).
 ``dist_async`` servers answer each push alone and ``local`` has one worker: they use
 ``immediate`` order (no channel).
 
@@ -79,7 +82,7 @@ from mxnet.kvstore import KVStoreBase
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import configure_logging, from_env
-from bytesched.core.policies import ImmediatePolicy, Policy, make_policy
+from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, ps_order
 from bytesched.core.timeline import open_timeline
 from bytesched.tuning import TuningSession, make_session
 
@@ -143,9 +146,13 @@ def _placement(kv_type: str) -> tuple[int, int]:
 
 
 def _order_for(kv_type: str, config: Config, world_size: int) -> str:
+    """``BYTESCHED_ORDER``, or for ``auto`` the rule of "Cross-worker order" (module doc)."""
     if config.order != "auto":
         return config.order
-    return "rank0" if world_size > 1 and "dist" in kv_type and "async" not in kv_type else "immediate"
+    if world_size > 1 and "dist" in kv_type and "async" not in kv_type:
+        return ps_order(make_policy(config.policy, config.params),
+                        tuning=bool(config.tuning or config.tuning_load))
+    return "immediate"
 
 
 def _policy_for(kv_type: str, config: Config) -> Policy | None:
@@ -323,6 +330,11 @@ class ScheduledKVStore(KVStoreBase):
         worker must be given alike (a step is one round of push/pull over the keys)."""
         if at_step is not None and at_step <= self.step:
             raise ValueError(f"at_step={at_step} has passed (this worker is at step {self.step})")
+        if _order_for(self.type, self.config.with_params(params), self.world_size) != self.order:
+            log.warning("bytesched: this store's workers run in %s order, chosen at its creation for sizes "
+                        "that hold nothing back; the new credit (%s) holds back rank 0's pushes only (set "
+                        "BYTESCHED_ORDER=rank0 for every worker to follow rank 0's schedule)",
+                        self.order, params.credit_bytes)
         self._core.set_params(params)
         self._pending = (params, at_step)
 
