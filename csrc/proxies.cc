@@ -12,7 +12,8 @@
 //     fence(mutable: framework arrays)      waits for every earlier reader/writer of the tensors
 //     ready proxy i (const: framework arrays, mutable: avatars of partition i), i = 0..n-1
 //       runs once the gradient exists; counts towards the task's READY event; then stays open
-//       until the Core calls bs_release(task, i) from CommTask.start()
+//       until the Core calls bs_release(task, i) from CommTask.start(), or completes at once
+//       if the task is released on ready (the Core would start it then anyway)
 //   the backend's push/pull or all-reduce of partition i, on the avatars (ordered after proxy i)
 //   bs_post_exit:
 //     finish proxy i (mutable: avatars of partition i)  posts a FINISH event: notify_finish()
@@ -60,6 +61,7 @@ struct Event {
 struct Proxy {
   uint64_t task;
   int32_t index;
+  bool released_on_ready = false;  // completes as soon as it has run; never in Hub::open
   bool ran = false;
   CallbackOnComplete done;
 };
@@ -106,7 +108,8 @@ void push_event(Hub& h, Event ev) {
   h.cv.notify_one();
 }
 
-// Engine thread: the gradient exists. Record the callback; the op stays open until released.
+// Engine thread: the gradient exists. Record the callback; the op stays open until released
+// (unless the task is released on ready: its READY event is queued before the backend can run).
 void run_ready(void* /*rctx*/, void* on_complete, void* param) {
   Proxy* proxy = static_cast<Proxy*>(param);
   const CallbackOnComplete done = *static_cast<CallbackOnComplete*>(on_complete);
@@ -114,16 +117,19 @@ void run_ready(void* /*rctx*/, void* on_complete, void* param) {
   {
     std::lock_guard<std::mutex> lock(h.mu);
     if (!h.draining) {
-      proxy->done = done;
-      proxy->ran = true;
       auto it = h.waiting_ready.find(proxy->task);
       if (it != h.waiting_ready.end() && --it->second == 0) {
         h.waiting_ready.erase(it);
         push_event(h, Event{kEventReady, 0, proxy->task});
       }
-      return;
+      if (!proxy->released_on_ready) {
+        proxy->done = done;
+        proxy->ran = true;
+        return;
+      }
+    } else {
+      h.open.erase(slot(proxy->task, proxy->index));
     }
-    h.open.erase(slot(proxy->task, proxy->index));
   }
   delete proxy;
   done();
@@ -185,7 +191,7 @@ int post_finish(uint64_t task, int n, NDArrayHandle* writes, int per_part, int p
 // Post the n ready proxies of `task`. Proxy i reads `reads` and mutates the `per_part` avatars
 // writes[i*per_part .. (i+1)*per_part). One READY event is posted when all n have run.
 int post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads, NDArrayHandle* writes,
-               int per_part, int priority) {
+               int per_part, int priority, bool released_on_ready) {
   Hub& h = hub();
   std::vector<Proxy*> proxies;
   {
@@ -196,7 +202,8 @@ int post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads, NDArrayH
       Proxy* proxy = new Proxy();
       proxy->task = task;
       proxy->index = i;
-      h.open[slot(task, i)] = proxy;
+      proxy->released_on_ready = released_on_ready;
+      if (!released_on_ready) h.open[slot(task, i)] = proxy;
       proxies.push_back(proxy);
     }
   }
@@ -218,7 +225,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 3; }
+int bs_abi_version() { return 4; }
 
 // Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
 // It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
@@ -240,12 +247,12 @@ int bs_post_copies(void** srcs, void** dsts, const uint64_t* bytes, int n, NDArr
 }
 
 // Post the head of a task's chain: the entry fence on the n_tensors framework arrays, then the
-// task's n ready proxies (post_ready).
+// task's n ready proxies (post_ready); with released_on_ready != 0 they complete once they ran.
 int bs_post_entry(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
-                  NDArrayHandle* avatars, int per_part, int priority) {
+                  NDArrayHandle* avatars, int per_part, int priority, int released_on_ready) {
   if (n <= 0 || n >= (1 << 24)) return fail("bs_post_entry: partition count out of range");
   if (post_fence(nullptr, 0, tensors, n_tensors, priority, "bytesched_entry_fence") != 0) return -1;
-  return post_ready(task, n, tensors, n_tensors, avatars, per_part, priority);
+  return post_ready(task, n, tensors, n_tensors, avatars, per_part, priority, released_on_ready != 0);
 }
 
 // Post the tail of a task's chain, after the backend's operations: the n finish proxies, then

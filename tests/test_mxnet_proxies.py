@@ -59,12 +59,12 @@ class Recorder:
 
 
 def chain(events: proxies.ProxyEvents, tensor: mx.nd.NDArray, ranges: list[tuple[int, int]],
-          target: Recorder) -> tuple[int, Avatars]:
+          target: Recorder, released_on_ready: bool = False) -> tuple[int, Avatars]:
     """Post the proxy chain around a stand-in communication that doubles each partition."""
     lib = events.library
     avatars = Avatars(lib, [tensor], ranges)
     token = events.register(target)
-    lib.post_entry(token, avatars.chain, 0)
+    lib.post_entry(token, avatars.chain, 0, released_on_ready)
     for (avatar,) in avatars.parts:
         avatar *= 2
     lib.post_exit(token, avatars.chain, 0)
@@ -86,6 +86,31 @@ def test_a_partition_moves_only_when_released_and_independently_of_the_others() 
     events.library.release(token, 0)
     assert target.wait_finished(2)
     assert grad.asnumpy().tolist() == [2.0] * 8  # the framework sees the result after the exit fence
+    events.forget(token)
+
+
+def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before_finish() -> None:
+    events = proxies.events()
+    grad = mx.nd.ones((8,))
+    order: list[str] = []
+
+    class Ordered(Recorder):
+        def proxy_ready(self) -> None:
+            order.append("ready")
+            super().proxy_ready()
+
+        def proxy_finished(self, index: int) -> None:
+            order.append(f"finish {index}")
+            super().proxy_finished(index)
+
+    target = Ordered()
+    token, _ = chain(events, grad, [(0, 4), (4, 8)], target, released_on_ready=True)
+
+    assert target.wait_finished(2), "a task released on ready was held although nobody releases it"
+    assert order[0] == "ready" and sorted(order[1:]) == ["finish 0", "finish 1"]
+    assert grad.asnumpy().tolist() == [2.0] * 8
+    with pytest.raises(proxies.ProxyLibraryError, match="no open proxy"):
+        events.library.release(token, 0)  # nothing of it stays open in the library
     events.forget(token)
 
 

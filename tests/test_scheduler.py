@@ -193,6 +193,24 @@ def test_a_policy_that_never_holds_back_starts_every_ready_subtask_at_once(polic
         assert sched.waiting > 0
 
 
+def test_a_task_released_on_ready_starts_whole_on_its_ready_event_whatever_the_credit() -> None:
+    """The plugin's backend already runs it (CommTask.released_on_ready): the Scheduler records
+    every piece as started and in flight, even where its credit would have held them back."""
+    sched = Scheduler(make_policy("bytescheduler", SchedulingParams(partition_bytes=8, credit_bytes=8)))
+    held, passed = BufferTask("held", 0, 24), BufferTask("passed", 1, 24)
+    passed.released_on_ready = True
+    for task in (held, passed):
+        sched.enqueue(task, 0.0)
+    assert [s.key for s in sched.ready(held, 1.0)] == [("held", 0, 0)]  # the credit holds two back
+    assert [s.key for s in sched.ready(passed, 2.0)] == [("passed", 0, i) for i in range(3)]
+    assert (sched.window.inflight_bytes, sched.window.inflight_count, sched.waiting) == (32, 4, 2)
+    assert [s.t_start for s in passed.subtasks] == [2.0] * 3
+    started, completed = sched.finish_many(passed.subtasks, 3.0)
+    assert started == [] and completed == [passed]  # the window is still over the credit
+    assert [s.key for s in sched.finish(held.subtasks[0], 4.0)] == [("held", 0, 1)]
+    assert sched.stats.subtasks_started == 5 and sched.stats.bytes_started == 40
+
+
 def test_announce_on_a_leader_is_an_error() -> None:
     with pytest.raises(SchedulingError, match="followers"):
         Scheduler(make_policy("bytescheduler", SchedulingParams())).announce([], 0.0)

@@ -167,6 +167,13 @@ class Core:
         task.notify_finish = self.post_finish  # type: ignore[method-assign]
         self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
+    def releases_on_ready(self) -> bool:
+        """Would this Core start every sub-task the moment its tensor is ready (its policy never
+        holds one back)? A plugin whose backend can then start a task's sub-tasks by itself may
+        do so and set :attr:`CommTask.released_on_ready`: the hops to the Core thread and back
+        leave the critical path. A later change of sizes applies to tasks made after it."""
+        return not self.policy.holds_back()
+
     def post_ready(self, task: CommTask) -> None:
         """Event: ``task`` is ready (use :meth:`CommTask.notify_ready`)."""
         self._events.put((_READY, task))

@@ -87,6 +87,13 @@ class Scheduler:
         if not isnan(task.t_ready):
             raise SchedulingError(f"{task!r} was notified ready twice")
         task.t_ready = now
+        if task.released_on_ready:  # the backend has started them already (see CommTask)
+            started = task.subtasks[:]
+            inflight_before = self.window.inflight_bytes
+            self.window.inflight_bytes += sum(sub.nbytes for sub in started)
+            self.window.inflight_count += len(started)
+            self._count_starts(started, inflight_before, now)
+            return started
         self.waiting += len(task.subtasks)
         self.policy.push(task, now)
         if self._on_ready is not None:
@@ -168,6 +175,12 @@ class Scheduler:
         if not started:
             return started
         self.waiting -= len(started)
+        self._count_starts(started, inflight_before, now)
+        return started
+
+    def _count_starts(self, started: list[SubTask], inflight_before: int, now: float) -> None:
+        """Stamp ``started`` (already counted into the window) and add them to the statistics."""
+        window = self.window
         for sub in started:
             sub.t_start = now
         # Statistics without a Python step per sub-task beyond the list below: release() counted
@@ -183,7 +196,6 @@ class Scheduler:
             stats.queue_delay_max = longest
         if window.inflight_bytes > stats.max_inflight_bytes:
             stats.max_inflight_bytes = window.inflight_bytes
-        return started
 
     # -- queries ------------------------------------------------------------------------------
     def take_stats(self) -> Stats:

@@ -87,6 +87,10 @@ class CommTask(ABC):
             benchmark ran about a fifth slower). The timeline keeps what they recorded.
         t_enqueue, t_ready: when the task was enqueued and when its tensor was computed (set by
             the Scheduler; NaN until then).
+        released_on_ready: the plugin let its backend start every sub-task the moment the tensor
+            was computed, without waiting for :meth:`start` (set before the task can become
+            ready, and only where :meth:`Core.releases_on_ready` allowed it): the Scheduler then
+            records them all as started on the ready event, whatever its policy says by then.
     """
 
     def __init__(self, name: str, priority: int, nbytes: int) -> None:
@@ -103,6 +107,7 @@ class CommTask(ABC):
         self.seq = 0
         self.t_enqueue = math.nan
         self.t_ready = math.nan
+        self.released_on_ready = False
         self.core: "Core | None" = None
 
     # -- implemented by plugins ---------------------------------------------------------------

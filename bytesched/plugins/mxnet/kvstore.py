@@ -36,8 +36,8 @@ sit behind the partition's ready proxy, and MXNet hands shared resources to them
 a few engine variables handed out round-robin: ``adam_update`` takes one). An operation posted
 later that draws the same resource waits for the held partition. Under a credit the Core could
 start that later partition and hold back the earlier one until it finishes: a cycle, which hung
-MXNet's ``WaitForVar``. Released on readiness, a partition is held only until the Core thread
-sees it, so the engine runs everything in posting order. Dist stores keep the credit: their
+MXNet's ``WaitForVar``. Released on readiness, a partition is not held at all
+(:meth:`.task.ProxiedTask.post`), so the engine runs everything in posting order. Dist stores keep the credit: their
 gated operations (ps-lite push/pull on per-key buffers, copies) take no shared resource.
 
 Posting cost. Gluon's Trainer calls ``pushpull`` once per parameter from the training thread,

@@ -22,7 +22,7 @@ from mxnet.base import _LIB, NDArrayHandle, check_call
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 3
+ABI_VERSION = 4
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -68,7 +68,7 @@ class ProxyLibrary:
         lib.bs_last_error.restype = ctypes.c_char_p
         lib.bs_next_events.argtypes = [vp, vp, vp, i32, i32]
         lib.bs_make_avatar.argtypes = [vp, ctypes.POINTER(vp)]
-        held.bs_post_entry.argtypes = [u64, i32, vp, i32, vp, i32, i32]
+        held.bs_post_entry.argtypes = [u64, i32, vp, i32, vp, i32, i32, i32]
         held.bs_post_exit.argtypes = [u64, i32, vp, i32, vp, i32, i32]
         held.bs_release.argtypes = [u64, i32]
         held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
@@ -80,10 +80,11 @@ class ProxyLibrary:
         if status < 0:
             raise ProxyLibraryError(f"{what}: {self._lib.bs_last_error().decode(errors='replace')}")
 
-    def post_entry(self, task: int, chain: "Chain", priority: int) -> None:
+    def post_entry(self, task: int, chain: "Chain", priority: int, released_on_ready: bool = False) -> None:
         """The head of ``task``'s chain: the entry fence, then one ready proxy per partition
-        (proxy i reads the tensors and holds partition i's avatars)."""
-        self._check(self._held.bs_post_entry(task, *chain.arguments, priority),
+        (proxy i reads the tensors and holds partition i's avatars until :meth:`release`, or,
+        ``released_on_ready``, only until it has run and queued the task's READY event)."""
+        self._check(self._held.bs_post_entry(task, *chain.arguments, priority, int(released_on_ready)),
                     "posting the entry fence and ready proxies")
 
     def release(self, task: int, index: int) -> None:

@@ -80,13 +80,19 @@ class ProxiedTask(CommTask):
         return [(i, (b - a) * self.itemsize) for i, (a, b) in enumerate(self.ranges)]
 
     def start(self, subtask: SubTask) -> None:
-        self.events.library.release(self.token, subtask.index)
+        if not self.released_on_ready:  # else its ready proxy completed by itself (see post)
+            self.events.library.release(self.token, subtask.index)
 
     def proxy_ready(self) -> None:
         self.notify_ready()
 
     def proxy_finished(self, index: int) -> None:
-        self.notify_finish(self.subtasks[index])
+        subtasks = self.subtasks  # assigned once, by the Core thread's enqueue
+        if index < len(subtasks):
+            self.notify_finish(subtasks[index])
+        else:  # released on ready and done before the Core thread partitioned the task: finish
+            # it there, after the enqueue and ready events that are ahead of this one in its queue
+            self.core.call_soon(lambda: self.notify_finish(self.subtasks[index]))  # type: ignore[union-attr]
 
     def on_finish(self) -> None:
         self.events.forget(self.token)
@@ -98,8 +104,14 @@ class ProxiedTask(CommTask):
     def post(self, avatars: Avatars, priority: int, communicate: Callable[[], None]) -> None:
         """Post the proxy chain around ``communicate()`` (which posts the backend's operations on
         ``avatars``), with ``avatars.arrays`` as the framework's tensors. Call after the task
-        was enqueued: a READY event may come at once."""
+        was enqueued: a READY event may come at once.
+
+        Where the Core would start every partition on readiness anyway, the ready proxies
+        complete by themselves once they ran (:attr:`CommTask.released_on_ready`): a partition's
+        push or all-reduce then follows the gradient without a wake-up of the proxy-event and
+        Core threads in between, which on the 4-worker PS cost more than scheduling saved."""
+        self.released_on_ready = self.core is not None and self.core.releases_on_ready()
         lib = self.events.library
-        lib.post_entry(self.token, avatars.chain, priority)
+        lib.post_entry(self.token, avatars.chain, priority, self.released_on_ready)
         communicate()
         lib.post_exit(self.token, avatars.chain, priority)
