@@ -37,8 +37,9 @@ a few engine variables handed out round-robin: ``adam_update`` takes one). An op
 later that draws the same resource waits for the held partition. Under a credit the Core could
 start that later partition and hold back the earlier one until it finishes: a cycle, which hung
 MXNet's ``WaitForVar``. Released on readiness, a partition is not held at all
-(:meth:`.task.ProxiedTask.post`), so the engine runs everything in posting order. Dist stores keep the credit: their
-gated operations (ps-lite push/pull on per-key buffers, copies) take no shared resource.
+(:meth:`.task.ProxiedTask.post`), so the engine runs everything in posting order. Dist stores
+keep the credit: their gated operations (ps-lite push/pull on per-key buffers, copies) take no
+shared resource.
 
 Posting cost. Gluon's Trainer calls ``pushpull`` once per parameter from the training thread,
 and every call into MXNet from Python lets go of the GIL and has to win it back from the Core's
