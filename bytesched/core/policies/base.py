@@ -186,14 +186,15 @@ class CreditPolicy(PriorityPolicy):
 
     def __init__(self, params: SchedulingParams) -> None:
         super().__init__(params)
-        self._plain_credit = self._plain_heap and not _overrides(type(self), CreditPolicy, "admits")
+        self._credit_admits = not _overrides(type(self), CreditPolicy, "admits")  # admission is the credit test
+        self._plain_credit = self._plain_heap and self._credit_admits
 
     def admits(self, sub: SubTask, window: Window, now: float) -> bool:
         return window.fits(sub.nbytes, self.params.credit_bytes)
 
     def holds_back(self) -> bool:
         """Only under a finite credit, unless a subclass admits by another rule (Prophet)."""
-        return self.params.credit_bytes < math.inf or _overrides(type(self), CreditPolicy, "admits")
+        return self.params.credit_bytes < math.inf or not self._credit_admits
 
     def release(self, window: Window, now: float) -> list[SubTask]:
         heap = self._heap
