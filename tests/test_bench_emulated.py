@@ -23,7 +23,7 @@ from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_mea
                                                  fit_scheduled_latency, fit_scheduled_overhead, predict_group,
                                                  resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
-from bytesched.bench.emulated.report import BEGIN, END, _calibration, group_table, write_section
+from bytesched.bench.emulated.report import BEGIN, END, _calibration, group_table, overview, write_section
 from bytesched.bench.emulated.results import merge, summarize
 from bytesched.bench.emulated.scaling import Scale, balanced_time_scale, scaled_profile
 from bytesched.bench.emulated.usage import Stopwatch
@@ -350,6 +350,36 @@ def test_write_section_replaces_only_its_markers(tmp_path: Path) -> None:
     text = docs.read_text()
     assert text.startswith("# Benchmarks\n\n## Core\n\nkept\n") and "first" not in text
     assert text.count(BEGIN) == 1 and "second" in text
+
+
+def test_overview_shows_each_cell_once_and_counts_the_targets_met() -> None:
+    def group(framework: str, bits: float, speedups: dict[str, float], ideal: float = 1.2,
+              communication: float = 0.2) -> dict[str, Any]:
+        runs = [{"config": "vanilla", "round": 0, "samples_per_second": 100.0}]
+        runs += [{"config": name, "round": 0, "samples_per_second": 100.0 * value} for name, value in speedups.items()]
+        return {"framework": framework, "model": "vgg16", "bits_per_second": bits, "ranks": 2,
+                "configs": ["vanilla", *speedups], "runs": runs,
+                "prediction": {"ideal_speedup": ideal, "compute_time": 0.2, "communication_time": communication,
+                               "configs": {}}}
+
+    results = {"groups": [
+        group("torch-horovod", GBIT, {"off": 1.0, "bytescheduler": 1.05, "bytescheduler-sim": 1.2, "autotune": 1.1}),
+        group("torch-horovod", GBIT, {"tictac": 1.25}),  # the policies, measured apart: same cell
+        group("torch-horovod", 10 * GBIT, {"off": 0.95, "bytescheduler": 1.0}, ideal=1.0, communication=0.05),
+        group("mxnet-ps", GBIT, {"off": 1.3, "bytescheduler": 1.6}, ideal=2.0)]}
+    text = "\n".join(overview(results))
+    assert "| ranks, bandwidth | torch-horovod | mxnet-ps |" in text  # the frameworks in their usual order
+    assert "| 2, 1 Gbit/s | 1.00 / 1.05 / **1.20** sim / 1.20 | 1.30 / 1.60 / **1.60** defaults / 2.00 |" in text
+    assert "| 2, 10 Gbit/s | 0.95 / 1.00 / **1.00** defaults / 1.00 | not measured |" in text
+    assert "- Scheduling off >= 0.99x vanilla: met in 2 of 3 cells; missed in torch-horovod vgg16 10 Gbit/s 2r 0.95x." \
+        in text
+    assert "speedup (figure: the share of it): met in 2 of 2 cells." in text  # the PS cell has its own target
+    assert "defaults >= 90% of the ideal speedup (figure: the share of it): met in 1 of 2 cells; missed in " \
+           "torch-horovod vgg16 1 Gbit/s 2r 0.88x." in text
+    # where compute ~ communication, tictac (from the cell's other group) beats the sized configuration
+    assert "included (figure: its speedup): met in 1 of 2 cells; missed in torch-horovod vgg16 1 Gbit/s 2r 1.20x." \
+        in text
+    assert "plain KVStore: met in 1 of 1 cells." in text
 
 
 def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> None:

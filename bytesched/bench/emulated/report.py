@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...emulation import format_rate
+from .cells import FRAMEWORKS
 from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES, TUNING_STEPS_PER_TRIAL
 from .results import Spread, summarize
 
@@ -129,6 +131,12 @@ def _prediction(group: dict[str, Any]) -> list[str]:
     return lines
 
 
+OFF_FLOOR = 0.99
+"""Scheduling off must run at least this fast, relative to vanilla."""
+IDEAL_SHARE = 0.9
+"""bytesched must reach this share of the simulator's ideal speedup."""
+PS_SPEEDUP = 1.5
+"""bytesched must reach this speedup over plain dist_sync in the PS target's cell."""
 PS_TARGET = ("vgg16", 1e9)
 """The PS target (>= 1.5x plain dist_sync) is stated for VGG16 at 1 Gbit/s; other PS cells are
 held to the ideal speedup like every other framework."""
@@ -150,7 +158,7 @@ def targets(results: dict[str, Any]) -> list[str]:
                 errors.append((abs(cell.error), f"{cell.config} in {title}"))
         off = cells.get("off")
         if off is not None and off.speedup is not None:
-            verdict = "met" if off.speedup.median >= 0.99 else "missed"
+            verdict = "met" if off.speedup.median >= OFF_FLOOR else "missed"
             lines.append(f"- Scheduling off >= 0.99x vanilla, {title}: {off.speedup.median:.2f}x ({verdict}).")
         ideal = (group.get("prediction") or {}).get("ideal_speedup")
         for name in SCHEDULED:
@@ -158,7 +166,7 @@ def targets(results: dict[str, Any]) -> list[str]:
             if cell is None or cell.speedup is None:
                 continue
             if group["framework"] == "mxnet-ps" and (group["model"], group["bits_per_second"]) == PS_TARGET:
-                verdict = "met" if cell.speedup.median >= 1.5 else "missed"
+                verdict = "met" if cell.speedup.median >= PS_SPEEDUP else "missed"
                 lines.append(f"- MXNet PS bytesched >= 1.5x plain KVStore, `{name}`, {title}: "
                              f"{cell.speedup.median:.2f}x ({verdict}).")
                 continue
@@ -168,13 +176,124 @@ def targets(results: dict[str, Any]) -> list[str]:
             others = [c for c in cells.values() if c.config != name and c.speedup]  # vanilla's is 1.0
             ahead = all(cell.speedup.median > c.speedup.median for c in others)
             lines.append(f"- bytesched >= 90% of the ideal speedup, `{name}`, {title}: {cell.speedup.median:.2f}x of "
-                         f"{ideal:.2f}x = {share * 100:.1f}% ({'met' if share >= 0.9 else 'missed'}); ahead of "
+                         f"{ideal:.2f}x = {share * 100:.1f}% ({'met' if share >= IDEAL_SHARE else 'missed'}); ahead of "
                          f"every other configuration: {'yes' if ahead else 'no'}.")
     if errors:
         worst = max(errors)
         median = statistics.median(e for e, _ in errors)
         lines.append(f"- Simulator median |prediction error| <= 10%: {median * 100:.1f}% over {len(errors)} cells "
                      f"({'met' if median <= 0.10 else 'missed'}); worst {worst[0] * 100:.0f}% ({worst[1]}).")
+    return lines
+
+
+BALANCED = (2 / 3, 3 / 2)
+"""Where "communication is about equal to computation" (the first target): the simulator's
+communication time per iteration, at full bandwidth, within this factor of the compute time."""
+SHORT = {"bytescheduler": "defaults", "bytescheduler-sim": "sim", "bytescheduler-tuned": "tuned",
+         "bytescheduler-fit": "fit"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Everything measured for one (framework, model, bandwidth, ranks), over all its groups."""
+
+    key: tuple[str, str, float, int]
+    speedups: dict[str, float]
+    """Each configuration's median speedup over vanilla, from the latest group that ran it."""
+    ideals: dict[str, float]
+    """The ideal speedup predicted by the group each configuration came from."""
+    balanced: bool
+
+    def best(self) -> str | None:
+        """The fastest of the bytesched configurations the speedup targets are checked for."""
+        measured = [name for name in SCHEDULED if name in self.speedups]
+        return max(measured, key=self.speedups.__getitem__) if measured else None
+
+    @property
+    def ps_target(self) -> bool:
+        return self.key[0] == "mxnet-ps" and (self.key[1], self.key[2]) == PS_TARGET
+
+    def title(self) -> str:
+        framework, model, bits, ranks = self.key
+        return f"{framework} {model} {format_rate(bits)} {ranks}r"
+
+
+def cells(results: dict[str, Any]) -> list[Cell]:
+    """The cells of ``results`` (as :func:`~.results.merge` makes it), in the order first measured."""
+    found: dict[tuple[str, str, float, int], Cell] = {}
+    for group in results["groups"]:
+        key = (group["framework"], group["model"], group["bits_per_second"], group["ranks"])
+        prediction = group.get("prediction") or {}
+        compute, communication = prediction.get("compute_time"), prediction.get("communication_time")
+        balanced = bool(compute and communication and BALANCED[0] <= communication / compute <= BALANCED[1])
+        cell = found.setdefault(key, Cell(key, {}, {}, balanced))
+        for summary in summarize(group):
+            if summary.speedup is None:
+                continue
+            cell.speedups[summary.config] = summary.speedup.median
+            if prediction.get("ideal_speedup"):
+                cell.ideals[summary.config] = prediction["ideal_speedup"]
+    return list(found.values())
+
+
+def _glance(cell: Cell | None) -> str:
+    """``off / defaults / best (which) / ideal`` of one cell, ``-`` where not run."""
+    if cell is None:
+        return "not measured"
+    best = cell.best()
+    shown = [_number(cell.speedups.get("off"), 2), _number(cell.speedups.get("bytescheduler"), 2),
+             "-" if best is None else f"**{cell.speedups[best]:.2f}** {SHORT[best]}",
+             _number(cell.ideals.get(best or "bytescheduler"), 2)]
+    return " / ".join(shown)
+
+
+def _verdicts(name: str, checked: list[tuple[Cell, float, bool]]) -> str:
+    """``name: met in N of M cells; missed: ...`` for (cell, figure, met) triples."""
+    missed = [f"{cell.title()} {figure:.2f}x" for cell, figure, met in checked if not met]
+    return (f"- {name}: met in {len(checked) - len(missed)} of {len(checked)} cells"
+            + (f"; missed in {', '.join(missed)}." if missed else "."))
+
+
+def overview(results: dict[str, Any]) -> list[str]:
+    """The matrix at a glance: per model a table with a row per rank count and bandwidth and a
+    column per framework, then how many cells meet each target and which miss (the list of
+    :func:`targets` has every figure)."""
+    every = cells(results)
+    by_key = {cell.key: cell for cell in every}
+    frameworks = [name for name in FRAMEWORKS if any(cell.key[0] == name for cell in every)]
+    lines = ["Each cell: speedup over vanilla with scheduling `off` / the `defaults` (4 MB partitions, "
+             "16 MB credit) / the best bytesched configuration, in bold, and which it was (`defaults`; `sim`: "
+             "the simulator's sizes; `tuned`: the auto-tuner's; `fit`: a hand sweep's) / the simulator's ideal "
+             "speedup for that cell (medians; `-`: not run).", ""]
+    for model in sorted({cell.key[1] for cell in every}):
+        rows = sorted({(cell.key[3], cell.key[2]) for cell in every if cell.key[1] == model})
+        lines += [f"**{model}**", "", "| ranks, bandwidth | " + " | ".join(frameworks) + " |",
+                  "|---" * (len(frameworks) + 1) + "|"]
+        for ranks, bits in rows:
+            lines.append(f"| {ranks}, {format_rate(bits)} | "
+                         + " | ".join(_glance(by_key.get((f, model, bits, ranks))) for f in frameworks) + " |")
+        lines.append("")
+
+    def share(cell: Cell, name: str) -> tuple[Cell, float, bool]:
+        value = cell.speedups[name] / cell.ideals[name]
+        return cell, value, value >= IDEAL_SHARE
+
+    ranked = [(cell, best) for cell in every if (best := cell.best()) is not None]
+    held = [(cell, best) for cell, best in ranked if not cell.ps_target and best in cell.ideals]  # to the ideal
+    off = [(cell, cell.speedups["off"], cell.speedups["off"] >= OFF_FLOOR) for cell in every if "off" in cell.speedups]
+    ahead = [(cell, cell.speedups[best], all(cell.speedups[best] > value for name, value in cell.speedups.items()
+                                             if name != best)) for cell, best in ranked if cell.balanced]
+    ps = [(cell, cell.speedups[best], cell.speedups[best] >= PS_SPEEDUP) for cell, best in ranked if cell.ps_target]
+    lines += [_verdicts("Scheduling off >= 0.99x vanilla", off),
+              _verdicts("The best bytesched configuration (the defaults or a sized one) >= 90% of the ideal "
+                        "speedup (figure: the share of it)", [share(cell, best) for cell, best in held]),
+              _verdicts("The defaults >= 90% of the ideal speedup (figure: the share of it)",
+                        [share(cell, "bytescheduler") for cell, _ in held if "bytescheduler" in cell.ideals]),
+              _verdicts("Where communication is about equal to computation (the simulator's communication "
+                        "within a factor 1.5 of compute), the best bytesched configuration ahead of every other "
+                        "configuration of its cell, Horovod autotune and the other policies included (figure: "
+                        "its speedup)", ahead),
+              _verdicts("MXNet PS, VGG16, 1 Gbit/s: the best bytesched configuration >= 1.5x plain KVStore", ps)]
     return lines
 
 
@@ -191,7 +310,7 @@ def _source(meta: dict[str, Any]) -> list[str]:
 
 def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:
     """The whole generated section, markers included (``results`` as :func:`~.results.merge` makes it)."""
-    lines = [BEGIN, TITLE, "",
+    lines = [BEGIN, TITLE, "", "### The matrix at a glance", "", *overview(results), "",
              "Generated by `bytesched bench emulated --report` from the results of", ""]
     for meta in results["sources"]:
         lines += _source(meta)
