@@ -19,9 +19,9 @@ from bytesched.bench.emulated import runner
 from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
 from bytesched.bench.emulated.calibration import Calibration
 from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, PS_PROBES, configuration, probes
-from bytesched.bench.emulated.prediction import (MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options, fit_probes,
-                                                 fit_scheduled_latency, fit_scheduled_overhead, predict_group,
-                                                 resolve)
+from bytesched.bench.emulated.prediction import (IDEAL_PARTITION, MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options,
+                                                 fit_probes, fit_scheduled_latency, fit_scheduled_overhead,
+                                                 ideal_credits, ideal_speedup, predict_group, refresh_ideals, resolve)
 from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from bytesched.bench.emulated.report import BEGIN, END, _calibration, group_table, overview, write_section
 from bytesched.bench.emulated.results import merge, summarize
@@ -275,6 +275,33 @@ def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> N
                                "full-duplex", Calibration(0.0024, 0.23, 25_165_824))
     assert prediction["configs"]["bytescheduler-sim"]["partition_bytes"] == chosen.partition_bytes
     assert prediction["calibrated"] and prediction["ideal_speedup"] >= prediction["configs"]["bytescheduler-sim"]["speedup"]
+
+
+def test_the_ideal_is_at_its_best_credit_up_to_the_whole_model_and_the_report_recomputes_it() -> None:
+    """The 4-worker PS needs many sub-tasks in flight: with credits of at most 1 MB its ideal fell
+    below 1x (session 17's grid), below what the auto-tuner's sizes measured."""
+    assert ideal_credits(24_000_000)[-1] * IDEAL_PARTITION >= 24_000_000 and ideal_credits(1000) == (1,)
+    [group], _ = groups(["mxnet-ps"], ["resnet50"], [GBIT], [4], ["vanilla"])
+    calibration = Calibration(0.00075, 0.53, 23_999_932, compute_seconds=0.19)
+    workload = {"size_scale": 0.23477, "time_scale": 1.9383}
+    profile = as_measured(scaled_profile("resnet50", Scale(0.23477, 1.9383)), calibration)
+    options = cluster_options(group, "full-duplex", calibration)
+    ideal = ideal_speedup(profile, options)
+    free = {**options, "overhead": 0.0, "latency": 0.0, "cycle_time": 0.0}
+    one_megabyte = simulate(profile, policies=["bytescheduler"], partition=IDEAL_PARTITION,
+                            credit=16 * IDEAL_PARTITION, **free).predictions[0]
+    assert ideal > 1.2 > one_megabyte.vanilla.iteration_time / one_megabyte.result("bytescheduler").iteration_time
+    results = {"workloads": {"resnet50": workload}, "groups": [
+        {"framework": "mxnet-ps", "model": "resnet50", "bits_per_second": GBIT, "ranks": 4,
+         "calibration": calibration.as_record(),
+         "prediction": {"ideal_speedup": 0.97, "cluster": {"topology": "full-duplex"}}},
+        {"framework": "mxnet-ps", "model": "resnet50", "bits_per_second": GBIT, "ranks": 4,  # uncalibrated: kept
+         "prediction": {"ideal_speedup": 0.97, "cluster": {"topology": "full-duplex"}}}]}
+    refresh_ideals(results)
+    calibrated, kept = (group["prediction"] for group in results["groups"])
+    assert calibrated == {"ideal_speedup": pytest.approx(ideal), "ideal_speedup_at_run": 0.97,
+                          "cluster": {"topology": "full-duplex"}}
+    assert kept == {"ideal_speedup": 0.97, "cluster": {"topology": "full-duplex"}}
 
 
 def test_tuner_sized_configuration_runs_the_tuning_jobs_pair_or_is_left_out() -> None:

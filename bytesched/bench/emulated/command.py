@@ -26,7 +26,7 @@ from ..provenance import revision
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
-from .prediction import as_measured, cluster_options, fit_probes, predict_group, resolve
+from .prediction import as_measured, cluster_options, fit_probes, predict_group, refresh_ideals, resolve
 from .report import markdown, plot, write_section
 from .results import FORMAT, load, merge, save
 from .runner import Workload, run_groups
@@ -183,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_docs(results: dict[str, Any], args: argparse.Namespace) -> None:
+    refresh_ideals(results)
     images = plot(results, args.img_dir)
     write_section(args.docs_file, markdown(results, images, args.docs_file))
     print(f"wrote {args.docs_file} and {len(images)} plot(s) in {args.img_dir}", flush=True)

@@ -115,15 +115,23 @@ def _calibration(group: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _as_run(prediction: dict[str, Any]) -> str:
+    """Where the report recomputed the ideal speedup and it moved, the run's own figure."""
+    recorded = prediction.get("ideal_speedup_at_run")
+    if recorded is None or abs(recorded - prediction["ideal_speedup"]) < 0.005:
+        return ""
+    return f" (the run's simulator said {recorded:.2f}x)"
+
+
 def _prediction(group: dict[str, Any]) -> list[str]:
     prediction = group.get("prediction")
     if not prediction:
         return []
     lines = ["", f"Simulator: compute {prediction['compute_time'] * 1e3:.0f} ms and communication "
                  f"{prediction['communication_time'] * 1e3:.0f} ms per iteration at full bandwidth; ideal speedup "
-                 f"(bytescheduler with free messages and 64 KB partitions) {prediction['ideal_speedup']:.2f}x; "
-                 f"bound of perfect overlap, max(compute, communication), "
-                 f"{prediction['overlap_bound_speedup']:.2f}x."]
+                 f"(bytescheduler with free messages and 64 KB partitions at its best credit) "
+                 f"{prediction['ideal_speedup']:.2f}x{_as_run(prediction)}; bound of perfect overlap, "
+                 f"max(compute, communication), {prediction['overlap_bound_speedup']:.2f}x."]
     for name, cell in prediction["configs"].items():
         if "partition_bytes" in cell:
             lines.append(f"`{name}` ran with {_kib(cell['partition_bytes'])} partitions and a "
@@ -321,7 +329,9 @@ def markdown(results: dict[str, Any], images: list[Path], docs: Path) -> str:
               "the median and range over the rounds. Tables of runs since session 16 add the CPU rank 0's "
               "process (all its threads) used per timed step and the share of the machine's cores busy meanwhile "
               "(medians): every emulated host shares this machine's cores, so a cell whose vanilla keeps them near "
-              "100% busy is CPU-bound, not network-bound.", "",
+              "100% busy is CPU-bound, not network-bound. The ideal speedups are computed when the report is "
+              "generated, by the simulator of that revision from each group's calibration (groups without one keep "
+              "their run's), so that every cell is held to the same yardstick.", "",
               "Compute is emulated: every layer of the simulator profile owns real float32 parameters and takes "
               "its forward and backward time (PyTorch: sleeping in an autograd Function; MXNet, since session 14: "
               "one engine operation per layer and pass on an emulated device, csrc/emulated_device.cc, which "
