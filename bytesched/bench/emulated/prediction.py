@@ -183,8 +183,9 @@ def resolve(group: Group, profile: ModelProfile, options: dict[str, Any],
 
 def ideal_speedup(profile: ModelProfile, options: dict[str, Any]) -> float:
     """The issue's yardstick: bytescheduler with free messages (no per-message cost, latency or
-    Horovod cycle wait) and fine partitions, at its best credit of :func:`ideal_credits`, over vanilla with free
-    messages, on the group's (calibrated) bandwidth: what priority scheduling can give this model."""
+    Horovod cycle wait) and fine partitions, at its best credit of :func:`ideal_credits`, over
+    vanilla with free messages, on the group's (calibrated) bandwidth: what priority scheduling can
+    give this model."""
     free = {**options, "overhead": 0.0, "latency": 0.0, "cycle_time": 0.0}
     grid = [SchedulingParams(partition_bytes=IDEAL_PARTITION, credit_bytes=IDEAL_PARTITION * k)
             for k in ideal_credits(profile.nbytes)]
