@@ -3,7 +3,9 @@
 c10d matches collectives by the order in which each rank issues them, so every rank must issue
 the same sequence: followers start partitions exactly in the order rank 0's Core released them,
 announced over the rank-0 channel (the Core's ``rank0`` order mode). Completion comes from the
-collective's future (``Work.get_future().then``), a real callback, so nothing waits or polls.
+collective's future (``Work.get_future().then``), a real callback, so nothing waits or polls; on
+CUDA the callback runs on streams that wait for the collective's kernels, which is where the
+task's completion mark is recorded (:mod:`.streams`).
 Gradients are summed and then divided by the number of ranks, i.e. averaged as DDP does.
 """
 
@@ -54,7 +56,7 @@ class DistributedBackend(Backend):
             except BaseException as error:
                 task.fail(sub, error)
             else:
-                task.notify_finish(sub)
+                task.finish(sub)
 
         work.get_future().then(done)
 

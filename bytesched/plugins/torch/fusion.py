@@ -93,11 +93,19 @@ def agree_on_buckets(backend: "Backend", slots: Sequence["ParamSlot"], fusion_by
 
 
 def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The gradients' elements in one flat buffer (the gradient itself, flattened when it is
-    alone and contiguous: nothing is copied)."""
+    """The gradients' elements in one flat buffer (the gradient's own memory when it is alone and
+    contiguous: nothing is copied).
+
+    The buffer never shares a version counter with a gradient, so what the backend writes into it
+    (Gloo's CUDA path copies the reduced result back, bumping the counter) leaves the gradients'
+    ``_version`` alone: a change there is the user's doing (see ``GradientTask.modified``)."""
     if len(grads) == 1:
         grad = grads[0]
-        return grad.view(-1) if grad.is_contiguous() else grad.contiguous().view(-1)
+        if not grad.is_contiguous():
+            return grad.contiguous().view(-1)
+        with torch.no_grad():  # a view would share the gradient's counter; set_ aliases without
+            flat = torch.empty(0, dtype=grad.dtype, device=grad.device)
+            return flat.set_(grad.untyped_storage(), grad.storage_offset(), (grad.numel(),))
     return torch.cat([grad.reshape(-1) for grad in grads])
 
 

@@ -188,7 +188,7 @@ class HorovodBackend(Backend):
 
         def done(error: BaseException | None) -> None:
             if error is None:
-                task.notify_finish(sub)
+                task.finish(sub)
             else:
                 task.fail(sub, error)
 

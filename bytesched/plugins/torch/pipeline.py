@@ -16,7 +16,13 @@ thread takes every job queued so far at once and applies the due updates of one 
 in one optimizer call (at ``step()`` most gradients are usually reduced already). Forward proxies
 wait for ``fresh`` before a module reads the parameter. A gradient modified in place while
 bytesched owns it (e.g. clipped between backward and step) is caught by its version counter and
-fails with :class:`BarrierCrossingError`, which names the ways out.
+fails with :class:`BarrierCrossingError`, which names the ways out. Only the user's writes are
+seen: the backend writes into the task's wire buffer, whose version counter is its own.
+
+On CUDA every hand-over between threads is ordered on the streams by a mark (:mod:`.streams`): the
+Core thread's collectives wait for the ready mark, finalising waits for the completion marks, the
+training thread waits for the reduced mark (barrier mode, ``synchronize()``) and, before a module
+reads a parameter, for the mark its update left.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from torch import nn
 from bytesched.core import Core
 from bytesched.core.channel import ChannelError
 
+from . import streams
 from .backend import Backend
 from .fusion import Bucket
 from .task import GradientTask
@@ -64,9 +71,11 @@ class ParamSlot:
         passes: backward passes accumulated into its gradient since the last step().
         bucket: the bucket its gradient is all-reduced in (set once the ranks agreed on buckets).
         zero_request: a ``zero_grad`` that arrived while an update was pending ("none" or "zero").
+        applied: where the update thread's stream stood after its last update of this parameter
+            (None on CPU, or before the first update): readers wait for it.
     """
 
-    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "bucket", "zero_request")
+    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "bucket", "zero_request", "applied")
 
     def __init__(self, name: str, param: nn.Parameter, group: int, priority: int) -> None:
         self.name = name
@@ -78,6 +87,7 @@ class ParamSlot:
         self.passes = 0
         self.bucket: Bucket
         self.zero_request: str | None = None
+        self.applied: streams.Mark = None
 
     def __repr__(self) -> str:
         return f"ParamSlot({self.name!r}, priority={self.priority})"
@@ -173,6 +183,7 @@ class UpdatePipeline:
             self._raise_failure()
             for task in tasks:
                 task.synchronized = True
+                streams.wait((task.reduced_mark,), task.device)
         return tasks
 
     def discard_round(self) -> None:
@@ -228,12 +239,15 @@ class UpdatePipeline:
                     begin = time.monotonic()
                     slot.fresh.wait()
                     on_wait(slot, begin, time.monotonic())
+            if slot.applied is not None:
+                streams.wait((slot.applied,), slot.param.device)
         if self._failure is not None:
             with self._lock:
                 self._raise_failure()
 
     def wait_applied(self, timeout: float | None = None) -> bool:
-        """Wait until every released update has been applied (False on timeout)."""
+        """Wait until every released update has been applied, and order the calling thread's
+        streams after them (False on timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while self._unapplied and self._failure is None:
@@ -242,6 +256,9 @@ class UpdatePipeline:
                     return False
                 self._changed.wait(None if deadline is None else remaining)
             self._raise_failure()
+        for slot in self.slots:
+            if slot.applied is not None:
+                streams.wait((slot.applied,), slot.param.device)
         return True
 
     def wait_idle(self, timeout: float) -> bool:
@@ -356,8 +373,11 @@ class UpdatePipeline:
                         f"the gradient of {modified!r} was modified in place while bytesched was "
                         f"all-reducing it (gradient clipping or AMP unscaling between backward() and "
                         f"step()?); to clip or unscale, " + ESCAPE_HATCH)
+                streams.wait(task.communicated, task.device)
+                streams.keep_alive([task.wire, *task.grads], task.device)
                 self._backend.finalize(task)
                 task.versions = [grad._version for grad in task.grads]
+                task.reduced_mark = streams.mark(task.device)
         except BaseException as error:
             self.fail(error)
         with self._changed:
@@ -400,6 +420,9 @@ class UpdatePipeline:
                         if slot.zero_request is not None:
                             clear_grad(slot.param, slot.zero_request == "none")
                             slot.zero_request = None
+                    applied = streams.mark(task.device)  # after the update and any deferred clear
+                    for slot in task.bucket.slots:
+                        slot.applied = applied
                         slot.fresh.set()
                 self._changed.notify_all()
 

@@ -4,7 +4,8 @@ The bucket's gradients are packed into the backend's *wire buffer* (the gradient
 bucket holds one contiguous, uncompressed gradient, so nothing is copied) and partitioned into
 zero-copy 1-D views; the backend all-reduces each view in place. Everything a task learns on the
 way (is it reduced, which hyperparameters its update uses) lives here so that the pipeline and the
-backends share one record.
+backends share one record, including the stream marks that order its tensor work across threads on
+CUDA (see :mod:`.streams`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from bytesched.core import CommTask, SubTask, split_elements
 
+from . import streams
 from .fusion import pack
 
 if TYPE_CHECKING:
@@ -30,8 +32,15 @@ class GradientTask(CommTask):
         grads: their gradient tensors (each ``param.grad`` when the task was created).
         wire: flat, contiguous buffer that is all-reduced in place (may alias a lone gradient).
         context: what the backend needs to turn ``wire`` back into ``grads`` (compression).
+        device: where the wire buffer lives.
         versions: each gradient's ``_version`` expected when it is next looked at; a different
-            value means someone modified that gradient in place behind our back.
+            value means the user modified that gradient in place (bytesched's and the backend's
+            own writes go through ``wire``, which has a version counter of its own).
+        ready: where the producing thread's stream stood once ``wire`` was packed: the Core
+            thread's collectives wait for it.
+        communicated: one mark per finished partition, on the stream its completion was
+            reported on: finalising waits for all of them.
+        reduced_mark: where the update thread's stream stood once ``grads`` held the average.
         reduced: every partition finished and the backend finalised ``grads``.
         synchronized: the user waited for these gradients (``synchronize()``) and may edit them.
         hparams: the parameter group's hyperparameters as of ``step()``; None until released.
@@ -46,7 +55,11 @@ class GradientTask(CommTask):
         self.grads = grads
         self.wire = wire
         self.context: Any = context
+        self.device = wire.device
         self.versions = [grad._version for grad in grads]
+        self.ready = streams.mark(self.device)
+        self.communicated: list[streams.Mark] = []
+        self.reduced_mark: streams.Mark = None
         self.reduced = False
         self.synchronized = False
         self.hparams: dict[str, Any] | None = None
@@ -69,10 +82,21 @@ class GradientTask(CommTask):
         return [(wire[a:b], (b - a) * itemsize) for a, b in split_elements(wire.numel(), itemsize, size)]
 
     def start(self, subtask: SubTask) -> None:
+        """Core thread: start ``subtask``'s all-reduce on the communication stream, after the
+        gradients it carries have been computed."""
         try:
-            self._backend.start(self, subtask)
+            with streams.comm_stream(self.device):
+                streams.wait((self.ready,), self.device)
+                self._backend.start(self, subtask)
         except Exception as error:  # the backend refused: the partition is over, badly
             self.fail(subtask, error)
+
+    def finish(self, subtask: SubTask) -> None:
+        """The backend's completion callback: ``subtask``'s payload holds its reduced values on
+        the calling thread's current stream (c10d runs future callbacks on streams that waited
+        for the collective; Horovod reports a handle once its work is done)."""
+        self.communicated.append(streams.mark(self.device))
+        self.notify_finish(subtask)
 
     def on_finish(self) -> None:
         self._on_communicated(self)
