@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "bytesched.sim.simulate_command",
     "bytesched.sim.profile_command",
     "bytesched.doctor",
+    "bytesched.check_gpu",
     "bytesched.launch.cli",
     "bytesched.analysis.timeline_command",
 )

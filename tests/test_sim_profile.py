@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from torch import nn  # noqa: E402
 from bytesched.cli import main as cli  # noqa: E402
 from bytesched.sim.devices import get_device  # noqa: E402
 from bytesched.sim.models import BUILDERS  # noqa: E402
-from bytesched.sim.profiler import find_layers, flops_profile, measure_profile  # noqa: E402
+from bytesched.sim.profiler import _trace, find_layers, flops_profile, measure_profile  # noqa: E402
 
 
 def tiny() -> nn.Module:
@@ -131,6 +132,47 @@ def test_measured_profile_of_a_real_model() -> None:
     assert all(l.forward >= 0 and l.backward >= 0 for l in profile.layers)
     assert profile.compute_time > 0
     assert profile.source["method"] == "measured"
+
+
+class DeferredClock:
+    """Readings that are numbers only after ``settle``, as CUDA events are."""
+
+    def __init__(self) -> None:
+        self.settled = False
+
+    def read(self) -> list[float]:
+        self.settled = False
+        return [time.perf_counter()]
+
+    def value(self, reading: list[float]) -> float:
+        assert self.settled, "a reading was used before the step was settled"
+        return reading[0]
+
+    def settle(self) -> None:
+        self.settled = True
+
+
+def test_a_clock_read_in_hooks_is_resolved_once_the_step_finished() -> None:
+    """How GPU time is taken: hooks only record, and the numbers are read after the step."""
+    model = tiny()
+    owners, steps = _trace(model, tiny_inputs(4, "cpu"), DeferredClock(), steps=2, warmup=1)
+    assert len(owners) == 2 and len(steps) == 2
+    assert all(len(forward) == len(backward) == 2 and min(forward + backward) >= 0 for forward, backward in steps)
+
+
+def test_measured_profile_with_autocast_and_precision_errors() -> None:
+    profile = measure_profile("tiny", tiny(), tiny_inputs, 4, repeat=1, warmup=0, device="cpu", precision="bf16")
+    assert profile.source["precision"] == "bf16" and profile.source["clock"] == "wall"
+    with pytest.raises(ValueError, match="tf32 needs a CUDA device"):
+        measure_profile("tiny", tiny(), tiny_inputs, 4, device="cpu", precision="tf32")
+    with pytest.raises(ValueError, match="precision 'fp8' is unknown"):
+        measure_profile("tiny", tiny(), tiny_inputs, 4, device="cpu", precision="fp8")
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # restored
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            measure_profile("tiny", tiny(), tiny_inputs, 4, device="cuda")
+    with pytest.raises(ValueError, match="expected cpu, cuda or cuda:N"):
+        measure_profile("tiny", tiny(), tiny_inputs, 4, device="meta")
 
 
 def test_profile_command_for_user_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

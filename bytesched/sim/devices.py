@@ -34,6 +34,8 @@ DEVICES: dict[str, Device] = {
     "A100": Device("A100", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
     # NVIDIA H100 SXM5, dense.
     "H100": Device("H100", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
+    # NVIDIA H200 SXM, dense: the H100's compute with faster, larger memory (HBM3e).
+    "H200": Device("H200", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
 }
 
 

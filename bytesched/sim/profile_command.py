@@ -17,7 +17,7 @@ _DEFAULT_BATCH = {"vgg16": 32, "resnet50": 32, "transformer": 64}
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``profile`` subcommand."""
     p = subparsers.add_parser(
-        "profile", help="make a simulator profile of a torch model (FLOPs on a named GPU, or timed here)",
+        "profile", help="make a simulator profile of a torch model (FLOPs on a named GPU, or timed on a real device)",
         description="Write a model profile (layers in forward order with forward/backward time and "
                     "gradient bytes) for `bytesched simulate --profile`. See docs/simulator.md.")
     p.add_argument("model", help=f"{', '.join(BUILTIN)}, or MODULE:CALLABLE returning a torch.nn.Module "
@@ -25,9 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="samples per worker (default 32; transformer 64 sentence pairs)")
     p.add_argument("--input-shape", help="shape of one sample for a MODULE:CALLABLE model, e.g. 3,224,224")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--measure", action="store_true", help="time the model on this machine's CPU with hooks")
+    how.add_argument("--measure", action="store_true",
+                     help="time the model with hooks on the device named by --on (CUDA: with CUDA events)")
     how.add_argument("--device", default="V100", help=f"count FLOPs and convert at this GPU's peak ({', '.join(DEVICES)})")
-    p.add_argument("--precision", default="fp32", help="peak to use: fp32, tf32, fp16, bf16 (default fp32)")
+    p.add_argument("--on", default="auto", metavar="DEVICE",
+                   help="with --measure: cpu, cuda, cuda:N, or auto (default: the current CUDA device if any, else cpu)")
+    p.add_argument("--precision", default="fp32",
+                   help="fp32, tf32, fp16, bf16 (default fp32): the peak to convert FLOPs at; with --measure, "
+                        "the arithmetic timed (tf32 matmuls on CUDA; fp16/bf16 autocast forward)")
     p.add_argument("--efficiency", type=float, default=0.5, help="fraction of the peak sustained (default 0.5)")
     p.add_argument("--repeat", type=int, default=5, help="timed steps with --measure (median per layer)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing with --measure")
@@ -44,7 +49,8 @@ def main(args: argparse.Namespace) -> int:
         batch = args.batch or _DEFAULT_BATCH.get(args.model, 32)
         if args.measure:
             profile = profiler.measure_profile(name, model, make_inputs, batch, repeat=args.repeat,
-                                               warmup=args.warmup, description=description)
+                                               warmup=args.warmup, device=args.on, precision=args.precision,
+                                               description=description)
         else:
             profile = profiler.flops_profile(name, model, make_inputs, batch, device=args.device,
                                              precision=args.precision, efficiency=args.efficiency,
