@@ -101,11 +101,9 @@ def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     ``_version`` alone: a change there is the user's doing (see ``GradientTask.modified``)."""
     if len(grads) == 1:
         grad = grads[0]
-        if not grad.is_contiguous():
-            return grad.contiguous().view(-1)
-        with torch.no_grad():  # a view would share the gradient's counter; set_ aliases without
-            flat = torch.empty(0, dtype=grad.dtype, device=grad.device)
-            return flat.set_(grad.untyped_storage(), grad.storage_offset(), (grad.numel(),))
+        # A view of the gradient would share its counter; ``.data`` is the same memory under a
+        # counter of its own.
+        return grad.data.view(-1) if grad.is_contiguous() else grad.contiguous().view(-1)
     return torch.cat([grad.reshape(-1) for grad in grads])
 
 

@@ -85,9 +85,12 @@ class GradientTask(CommTask):
         """Core thread: start ``subtask``'s all-reduce on the communication stream, after the
         gradients it carries have been computed."""
         try:
-            with streams.comm_stream(self.device):
-                streams.wait((self.ready,), self.device)
+            if self.ready is None:  # nothing to order (CPU)
                 self._backend.start(self, subtask)
+            else:
+                with streams.comm_stream(self.device):
+                    streams.wait((self.ready,), self.device)
+                    self._backend.start(self, subtask)
         except Exception as error:  # the backend refused: the partition is over, badly
             self.fail(subtask, error)
 
