@@ -1,4 +1,4 @@
-"""``bytesched check-gpu``: two ranks on this machine's GPU check that bytesched trains exactly like
+"""``bytesched check-gpu``: two ranks on the local GPU check that bytesched trains exactly like
 an unscheduled all-reduce and time it against DistributedDataParallel (see
 :mod:`bytesched.plugins.torch.gpucheck`). Importing this module does not import torch.
 """
@@ -15,7 +15,7 @@ MODELS = ("cnn", "resnet50", "vgg16", "transformer")
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bytesched check-gpu``."""
     parser = subparsers.add_parser(
-        "check-gpu", help="check bytesched's results and speed against DDP on this machine's GPU (2 ranks)",
+        "check-gpu", help="check bytesched's results and speed against DDP on the local GPU (2 ranks)",
         description="Two ranks share GPU 0 over Gloo (one GPU each over NCCL when there are two or more): "
                     "bit-identical parameters against an unscheduled all-reduce for SGD and Adam in "
                     "barrier mode and crossing the barrier, then milliseconds per iteration of DDP and of "

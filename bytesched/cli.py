@@ -12,7 +12,6 @@ import importlib
 import sys
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "bytesched.bench.cli",
     "bytesched.sim.simulate_command",
     "bytesched.sim.profile_command",
     "bytesched.doctor",

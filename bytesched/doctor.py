@@ -96,20 +96,9 @@ def check_docs() -> Finding:
                    "" if ok else "pip install -c requirements/constraints.txt mkdocs mkdocs-material", required=False)
 
 
-def check_shaping() -> Finding:
-    """Network emulation for benchmarks needs Linux, root, and iproute2's ip and tc; the
-    emulation module's own test decides, so the doctor and the benchmarks always agree."""
-    ok, out = _probe("from bytesched.emulation.network import unavailable_reason; "
-                     "print(unavailable_reason() or 'usable: root with ip and tc')")
-    if ok and out.startswith("usable"):
-        return Finding("network shaping", True, out, required=False)
-    return Finding("network shaping", False, out,
-                   "run benchmarks as root with iproute2 installed to emulate a slower network", required=False)
-
 
 CHECKS: tuple[Callable[[], Finding], ...] = (
     check_torch, check_mxnet_numpy, check_horovod, check_proxies, check_channel, check_tuning, check_docs,
-    check_shaping,
 )
 
 

@@ -6,7 +6,7 @@
 - ``csrc/proxies.cc``: the MXNet plugin's Dependency Proxies,
   ``bytesched/plugins/mxnet/libbytesched_mxnet.so``;
 - ``csrc/emulated_device.cc``: the benchmark's emulated accelerator for MXNet,
-  ``bytesched/bench/emulated/libbytesched_emulated_device.so``.
+  ``benchmarks/emulated/libbytesched_emulated_device.so``.
 
 The wheel ships MXNet's headers (``mxnet/include``) and ``libmxnet.so``; each library is linked
 against that exact ``libmxnet.so`` (with an rpath to it) and written next to the module that
@@ -48,7 +48,7 @@ class Target:
 
 PROXIES = Target(ROOT / "csrc" / "proxies.cc", ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so")
 EMULATED_DEVICE = Target(ROOT / "csrc" / "emulated_device.cc",
-                         ROOT / "bytesched" / "bench" / "emulated" / "libbytesched_emulated_device.so")
+                         ROOT / "benchmarks" / "emulated" / "libbytesched_emulated_device.so")
 TARGETS = (PROXIES, EMULATED_DEVICE)
 
 

@@ -1,11 +1,11 @@
-// An emulated accelerator for the MXNet benchmark (bytesched/bench/emulated/mxnet_compute.py).
+// An emulated accelerator for the MXNet benchmark (benchmarks/emulated/mxnet_compute.py).
 //
 // The benchmark's emulated layers own real parameter and gradient arrays with a profile's byte
 // sizes, and take the profile's per-layer time. On a GPU-trained job that time is spent on the
 // device: the host's CPU and Python's GIL are free for communication. Python custom operators
 // cannot emulate that: each layer enters the interpreter several times per pass, so the layers
 // compete with bytesched's Python threads for the GIL and ran 197 ms plain against 326 ms under
-// bytesched (docs/benchmarks.md, "Session 13"). Here a layer is one asynchronous engine
+// bytesched (the emulated benchmark, docs/benchmarks.md). Here a layer is one asynchronous engine
 // operation that, once its inputs are ready, hands its completion to a timer thread and returns:
 // it holds no engine worker, no GIL and no CPU while it "computes".
 //

@@ -1,6 +1,6 @@
 """MXNet Gluon on a parameter server, gradients scheduled by bytesched's ScheduledKVStore.
 
-Start the scheduler, servers and workers on this machine with bytesched's launcher:
+Start the scheduler, servers and workers on the local host with bytesched's launcher:
 
     bytesched launch --servers 2 --workers 2 -- python examples/mxnet_gluon_ps.py
 

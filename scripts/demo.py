@@ -1,4 +1,4 @@
-"""The demo: the same training run on this machine without and with bytesched, and the speedup.
+"""The demo: the same training run on the local host without and with bytesched, and the speedup.
 
 Runs examples/pytorch_synthetic_benchmark.py under ``horovodrun --gloo`` three times: plain
 ``hvd.DistributedOptimizer``; ``ScheduledOptimizer`` in barrier mode (scheduled communication,
@@ -7,14 +7,14 @@ but backward waits for it: what scheduling gains without crossing the barrier); 
 speedups over the first.
 On an unshaped loopback communication is almost free, so when it can (as root, with ``ip`` and
 ``tc``) the demo runs both inside a network namespace whose loopback is limited to
-``--bandwidth`` (bytesched.emulation), and deletes the namespace afterwards, also on failure or
+``--bandwidth`` (benchmarks.emulation), and deletes the namespace afterwards, also on failure or
 Ctrl-C. Otherwise it runs unshaped and says why.
 
 That model computes on the same CPU cores that communicate, where scheduling has nothing to
 overlap. So, with shaping, the demo then trains an emulated VGG16 whose layers sleep for their
 (scaled) compute time, as a GPU would leave the CPU free, on two emulated hosts joined at
 ``--emulated-bandwidth``: plain Horovod against bytesched with the partition and credit the
-simulator picks for the measured network (``bytesched bench emulated``, configuration
+simulator picks for the measured network (``python -m benchmarks emulated``, configuration
 ``bytescheduler-sim``; median of three interleaved rounds).
 
     .venv/bin/python scripts/demo.py [--bandwidth 3gbit] [--no-shaping] [--no-emulated]
@@ -33,11 +33,13 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from bytesched.bench.emulated.results import load, summarize
-from bytesched.emulation import (Namespace, ShapingUnavailable, format_rate, parse_rate, shaped_loopback,
-                                 unavailable_reason)
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the checkout's benchmarks package (not installed)
+
+from benchmarks.emulated.results import load, summarize  # noqa: E402
+from benchmarks.emulation import (Namespace, ShapingUnavailable, format_rate, parse_rate, shaped_loopback,  # noqa: E402
+                                  unavailable_reason)
+
 BENCHMARK = REPO / "examples" / "pytorch_synthetic_benchmark.py"
 TOTAL_RE = re.compile(r"Total img/sec on (\d+) CPU rank\(s\): ([0-9.]+) \+-([0-9.]+)")
 RANK0_PREFIX = re.compile(r"^\[0\]<stdout>:")
@@ -49,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bandwidth", default="3gbit",
                         help="emulated network bandwidth, shared by all ranks and both directions")
     parser.add_argument("--no-shaping", action="store_true", help="run on the unshaped loopback")
-    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (processes) on this machine")
+    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (processes) on the local host")
     parser.add_argument("--model", default="vgg", help="model of the synthetic benchmark")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--num-warmup", type=int, default=4)
@@ -125,7 +127,7 @@ def benchmark(ns: Namespace | None, args: argparse.Namespace, flags: list[str]) 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"Demo: {args.model}, batch {args.batch_size} per rank, {args.ranks} Horovod ranks on this machine "
+    print(f"Demo: {args.model}, batch {args.batch_size} per rank, {args.ranks} Horovod ranks on the local host "
           f"({os.cpu_count()} cores)", flush=True)
     results = {}
     with network(args) as ns:
@@ -153,7 +155,7 @@ def emulated(args: argparse.Namespace, shaping: bool) -> None:
           f"{rate} per direction: plain Horovod vs bytesched (simulator's sizes)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bytesched-demo-") as folder:
         out = Path(folder) / "emulated.json"
-        command = [str(Path(sys.executable).parent / "bytesched"), "bench", "emulated", "--frameworks",
+        command = [sys.executable, "-m", "benchmarks", "emulated", "--frameworks",
                    "torch-horovod", "--models", "vgg16", "--bandwidths", args.emulated_bandwidth, "--ranks", "2",
                    "--configs", "vanilla,bytescheduler-sim", "--repeats", "3", "--json", str(out)]
         if subprocess.run(command, cwd=REPO).returncode != 0:

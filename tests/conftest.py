@@ -34,8 +34,13 @@ _SETUP_HINT = "`make test` (which runs scripts/setup.sh) installs the whole stac
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Silence mxnet 1.9.1's import-time DeprecationWarnings (distutils), which are not ours;
-    give Ctrl-C back its terminal meaning when the suite was started with SIGINT ignored."""
+    """Make the checkout's ``benchmarks`` package (not installed) importable here and in every
+    process a test starts; silence mxnet 1.9.1's import-time DeprecationWarnings (distutils),
+    which are not ours; give Ctrl-C back its terminal meaning when the suite was started with
+    SIGINT ignored."""
+    sys.path.insert(0, str(REPO_ROOT))
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(REPO_ROOT) if not path else f"{REPO_ROOT}{os.pathsep}{path}"
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:mxnet")
     # A job put in the background by a non-interactive shell (`cmd &` in a script) starts with
     # SIGINT ignored, and every process it starts inherits that: the Ctrl-C tests' jobs would

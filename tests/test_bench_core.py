@@ -1,4 +1,4 @@
-"""``bytesched bench core`` runs end to end and reports every figure (timings are not asserted:
+"""``python -m benchmarks core`` runs end to end and reports every figure (timings are not asserted:
 they belong in docs/benchmarks.md, measured on a quiet machine)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import statistics
 
 import pytest
 
-from bytesched.cli import main
+from benchmarks.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    assert main(["bench", "core", "--subtasks", "2000", "--tensors", "20", "--partitions", "3",
+    assert main(["core", "--subtasks", "2000", "--tensors", "20", "--partitions", "3",
                  "--producers", "2", "--repeats", "2", "--idle-seconds", "0.2", *args]) == 0
     return capsys.readouterr().out
 
@@ -45,8 +45,8 @@ def test_text_output_names_each_measurement(capsys: pytest.CaptureFixture[str]) 
 
 def test_bench_lists_its_benchmarks_and_rejects_bad_counts(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--help"])
+        main(["--help"])
     assert exit_.value.code == 0 and "core" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "core", "--repeats", "0"])
+        main(["core", "--repeats", "0"])
     assert exit_.value.code == 2 and "'0' must be positive" in capsys.readouterr().err

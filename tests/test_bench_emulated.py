@@ -1,4 +1,4 @@
-"""``bytesched bench emulated``: the pieces (scaling, the matrix's order, pairwise statistics,
+"""``python -m benchmarks emulated``: the pieces (scaling, the matrix's order, pairwise statistics,
 the emulated models, the docs section) and, end to end, the quick mode on a real emulated network."""
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ from typing import Any, Sequence
 
 import pytest
 
-from bytesched.bench.emulated import runner
-from bytesched.bench.emulated.cells import FRAMEWORKS, groups, quick, rounds
-from bytesched.bench.emulated.calibration import Calibration
-from bytesched.bench.emulated.configs import CONFIGURATIONS, PROBES, PS_PROBES, configuration, probes
-from bytesched.bench.emulated.prediction import (IDEAL_PARTITION, MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options,
+from benchmarks.emulated import runner
+from benchmarks.emulated.cells import FRAMEWORKS, groups, quick, rounds
+from benchmarks.emulated.calibration import Calibration
+from benchmarks.emulated.configs import CONFIGURATIONS, PROBES, PS_PROBES, configuration, probes
+from benchmarks.emulated.prediction import (IDEAL_PARTITION, MAX_OVERHEAD, SIZE_GRID, as_measured, cluster_options,
                                                  fit_probes, fit_scheduled_latency, fit_scheduled_overhead,
                                                  ideal_credits, ideal_speedup, predict_group, refresh_ideals, resolve)
-from bytesched.bench.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
-from bytesched.bench.emulated.report import BEGIN, END, _calibration, group_table, overview, write_section
-from bytesched.bench.emulated.results import merge, summarize
-from bytesched.bench.emulated.scaling import Scale, balanced_time_scale, scaled_profile
-from bytesched.bench.emulated.usage import Stopwatch
+from benchmarks.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
+from benchmarks.emulated.report import BEGIN, END, _calibration, group_table, overview, write_section
+from benchmarks.emulated.results import merge, summarize
+from benchmarks.emulated.scaling import Scale, balanced_time_scale, scaled_profile
+from benchmarks.emulated.usage import Stopwatch
 from bytesched.core.config import SchedulingParams
-from bytesched.emulation import unavailable_reason
+from benchmarks.emulation import unavailable_reason
 from bytesched.sim.predict import simulate
 from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
 from bytesched.sim.simulator import VANILLA
@@ -116,7 +116,7 @@ def test_cpu_columns_appear_for_runs_that_recorded_them() -> None:
     assert vanilla.machine_busy is not None and vanilla.machine_busy.median == pytest.approx(0.97)
     table = group_table(recorded)
     assert table[2].endswith("| rank 0 CPU per step | machine busy |") and table[4].endswith("| 50 ms | 97% |")
-    older = group_table(group())  # files from before session 16
+    older = group_table(group())  # files that recorded no CPU use
     assert summarize(group())[0].cpu_per_step is None and older[2].endswith("| prediction error |")
 
 
@@ -279,7 +279,7 @@ def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> N
 
 def test_the_ideal_is_at_its_best_credit_up_to_the_whole_model_and_the_report_recomputes_it() -> None:
     """The 4-worker PS needs many sub-tasks in flight: with credits of at most 1 MB its ideal fell
-    below 1x (session 17's grid), below what the auto-tuner's sizes measured."""
+    below 1x (a hand sweep's grid), below what the auto-tuner's sizes measured."""
     assert ideal_credits(24_000_000)[-1] * IDEAL_PARTITION >= 24_000_000 and ideal_credits(1000) == (1,)
     [group], _ = groups(["mxnet-ps"], ["resnet50"], [GBIT], [4], ["vanilla"])
     calibration = Calibration(0.00075, 0.53, 23_999_932, compute_seconds=0.19)
@@ -412,7 +412,7 @@ def test_overview_shows_each_cell_once_and_counts_the_targets_met() -> None:
 def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> None:
     import torch
 
-    from bytesched.bench.emulated.torch_compute import Workload
+    from benchmarks.emulated.torch_compute import Workload
     profile = scaled_profile("resnet50", Scale(size=0.001, time=0.05))
     workload = Workload("resnet50", profile, profile.batch_size)
     order: list[str] = []
@@ -433,7 +433,7 @@ def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> Non
 def test_emulated_mxnet_model_takes_the_profile_time_and_gives_every_parameter_a_fresh_gradient() -> None:
     require("torch")
     mx = require("mxnet", "MXNet")
-    from bytesched.bench.emulated.mxnet_compute import EmulatedModel
+    from benchmarks.emulated.mxnet_compute import EmulatedModel
     profile = scaled_profile("vgg16", Scale(size=0.0005, time=0.05))
     model = EmulatedModel(profile)
     params = list(model.params.values())
@@ -456,7 +456,7 @@ def test_emulated_mxnet_layers_run_in_order_on_their_own_clock_without_an_engine
     the layers run, other engine operations (MXNet has one CPU worker) do not wait for them."""
     require("torch")
     mx = require("mxnet", "MXNet")
-    from bytesched.bench.emulated.mxnet_compute import EmulatedModel
+    from benchmarks.emulated.mxnet_compute import EmulatedModel
     profile = scaled_profile("vgg16", Scale(size=0.0005, time=0.3))
     model = EmulatedModel(profile)
     other = mx.nd.ones((4,))
@@ -490,7 +490,7 @@ def test_emulated_device_without_its_library_says_how_to_build_it(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     require("torch")
     require("mxnet", "MXNet")
-    from bytesched.bench.emulated import mxnet_compute
+    from benchmarks.emulated import mxnet_compute
     monkeypatch.setattr(mxnet_compute, "LIBRARY", tmp_path / "libbytesched_emulated_device.so")
     mxnet_compute._library.cache_clear()
     try:
@@ -519,7 +519,7 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
         require(module, component)
     out, docs, img = tmp_path / "quick.json", tmp_path / "benchmarks.md", tmp_path / "img"
     docs.write_text("# Benchmarks\n\n## Core\n\nuntouched\n")
-    result = run_job([sys.executable, "-m", "bytesched.cli", "bench", "emulated", "--quick", "--json", out, "--docs",
+    result = run_job([sys.executable, "-m", "benchmarks", "emulated", "--quick", "--json", out, "--docs",
                       "--docs-file", docs, "--img-dir", img], timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "network: 2 hosts, veth pairs shaped to 1 Gbit/s per direction" in result.stdout
@@ -543,7 +543,7 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
     text = docs.read_text()
     assert text.startswith("# Benchmarks\n\n## Core\n\nuntouched\n")
     assert "**torch-horovod, vgg16, 1 Gbit/s, 2 ranks**" in text and "**mxnet-ps, vgg16, 1 Gbit/s, 2 ranks**" in text
-    assert "bytesched bench emulated --quick" in text
+    assert "python -m benchmarks emulated --quick" in text
     assert "A training step of the emulated model without communication took" in text
     assert "| rank 0 CPU per step | machine busy |" in text
     assert len(list(img.glob("bench_emulated_*.png"))) == len(FRAMEWORKS)

@@ -1,4 +1,4 @@
-"""``bytesched bench overhead`` runs its Horovod jobs end to end (timings are not asserted: they
+"""``python -m benchmarks overhead`` runs its Horovod jobs end to end (timings are not asserted: they
 belong in docs/benchmarks.md, measured on a quiet machine)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bytesched.bench.overhead import summarize
+from benchmarks.overhead import summarize
 from conftest import require, run_job
 
 
@@ -24,10 +24,10 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
 @pytest.mark.timeout(150)
 def test_every_mode_runs_on_two_horovod_ranks() -> None:
     require("horovod.mxnet", "Horovod built with MXNet")
-    result = run_job([sys.executable, "-m", "bytesched.cli", "bench", "overhead", "--frameworks", "mxnet",
+    result = run_job([sys.executable, "-m", "benchmarks", "overhead", "--frameworks", "mxnet",
                       "--layers", "3", "--steps", "2", "--warmup", "1", "--rounds", "1", "--json"], timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(result.stdout[result.stdout.index("{"):])
-    assert report["tensors"] == 6 and report["command"].startswith("bytesched bench overhead")
+    assert report["tensors"] == 6 and report["command"].startswith("python -m benchmarks overhead")
     assert set(report["runs"]["mxnet"]) == {"plain", "unfused", "fused"}
     assert all(len(times) == 1 and times[0] > 0 for times in report["runs"]["mxnet"].values())

@@ -241,7 +241,7 @@ def open_job(config: Config, world_size: int) -> tuple[list[Any], list[BaseExcep
 
 def test_unset_port_gives_each_job_a_free_port_shared_with_its_followers() -> None:
     """Two jobs on one host without BYTESCHED_CHANNEL_PORT: no collision, each job's followers
-    reach their own rank 0 (issue #9: the heartbeat channel is open for every job)."""
+    reach their own rank 0 (the heartbeat channel is open for every job)."""
     config = make_config(None)  # type: ignore[arg-type]
     jobs = [open_job(config, 2), open_job(config, 3)]
     try:

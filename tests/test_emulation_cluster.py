@@ -1,4 +1,4 @@
-"""bytesched.emulation.cluster: hosts in namespaces joined by shaped veth pairs (or one shaped
+"""benchmarks.emulation.cluster: hosts in namespaces joined by shaped veth pairs (or one shaped
 loopback), and jobs launched across them. Real namespaces, real Horovod/Gloo, real shaping;
 needs root with ``ip`` and ``tc`` (as the benchmarks do) and fails, never skips, without."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bytesched.emulation import (ShapingUnavailable, cleanup_stale, emulated_cluster, parse_rate, simulator_topology,
+from benchmarks.emulation import (ShapingUnavailable, cleanup_stale, emulated_cluster, parse_rate, simulator_topology,
                                  unavailable_reason)
-from bytesched.emulation.network import PREFIX
-from bytesched.emulation.throughput import aggregate_rate, stream_rates
+from benchmarks.emulation.network import PREFIX
+from benchmarks.emulation.throughput import aggregate_rate, stream_rates
 from conftest import TOKEN_VAR, require, started
 
 RATE = parse_rate("200mbit")
@@ -209,7 +209,7 @@ def test_a_signal_removes_namespaces_and_processes(sig: signal.Signals) -> None:
     require_shaping()
     holder = textwrap.dedent("""
         import os, sys
-        from bytesched.emulation import emulated_cluster, parse_rate
+        from benchmarks.emulation import emulated_cluster, parse_rate
         with emulated_cluster(2, parse_rate("1gbit")) as cluster:
             sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
             job = cluster.launch_torch_distributed(sleeper, env={}, ranks=2)

@@ -80,7 +80,7 @@ def test_check_passes_on_a_normal_run(jobs: dict[str, Job]) -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(200)
 def test_normal_end_is_prompt_flushed_and_leaves_no_thread(jobs: dict[str, Job]) -> None:
-    """Issue #9: every process exits promptly, the timeline is flushed, no thread blocks exit."""
+    """Every process exits promptly, the timeline is flushed, no thread blocks exit."""
     job = jobs["normal"]
     done = {int(r): float(t) for r, t in re.findall(r"DONE rank=(\d) .* at=([\d.]+)", job.output)}
     exited = {int(r): float(t) for r, t in re.findall(r"EXITED rank=(\d) at=([\d.]+)", job.output)}

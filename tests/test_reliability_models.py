@@ -1,4 +1,4 @@
-"""Models that differ between ranks (issue #9, wrong use of the API), on 2 real Horovod ranks.
+"""Models that differ between ranks (wrong use of the API), on 2 real Horovod ranks.
 
 - Another registration order and forward order on rank 1 (so other priorities and another order
   of ready gradients): harmless, because all-reduces are matched by parameter name. The result must

@@ -1,4 +1,4 @@
-"""A parameter server killed mid-training (MXNet dist_sync through ScheduledKVStore, issue #9).
+"""A parameter server killed mid-training (MXNet dist_sync through ScheduledKVStore).
 
 Under ``bytesched launch`` (1 server, 2 workers; tests/scripts/reliability_ps_worker.py): worker 0
 SIGKILLs the server at step 3. ps-lite has no error for a lost server (the workers would block in

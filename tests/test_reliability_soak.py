@@ -1,4 +1,4 @@
-"""A short ``bytesched bench soak`` (the full one is 2,000 steps, docs/reliability.md): the real
+"""A short ``python -m benchmarks soak`` (the full one is 2,000 steps, docs/reliability.md): the real
 command, scheduled and plain Horovod runs on 2 ranks with random per-layer backward delays, must
 finish, keep RSS within 5 % after warm-up and end with bit-identical parameters."""
 
@@ -19,7 +19,7 @@ def test_short_soak_has_no_deadlock_stable_memory_and_identical_parameters() -> 
     require("horovod.torch", "Horovod built with PyTorch")
     require_executable("horovodrun")
     env = {k: v for k, v in os.environ.items() if k not in ("BYTESCHED_CHANNEL_PORT", "BYTESCHED_ORDER")}
-    result = run_job([sys.executable, "-m", "bytesched.cli", "bench", "soak", "--steps", "100", "--report-every", "20",
+    result = run_job([sys.executable, "-m", "benchmarks", "soak", "--steps", "100", "--report-every", "20",
                       "--warmup", "40", "--delay-ms", "1", "--timeout", "240", "--json"], timeout=280, env=env)
     assert result.stdout.strip(), "no output"
     report = json.loads(result.stdout[result.stdout.index("{"):])

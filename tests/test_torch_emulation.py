@@ -1,4 +1,4 @@
-"""bytesched.emulation (used by the PyTorch demo): shaped loopbacks in network namespaces that
+"""benchmarks.emulation (used by the PyTorch demo): shaped loopbacks in network namespaces that
 really limit bandwidth and are always deleted. Needs root with ``ip`` and ``tc``, as the demo."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from bytesched.emulation import ShapingUnavailable, format_rate, parse_rate, shaped_loopback, unavailable_reason
+from benchmarks.emulation import ShapingUnavailable, format_rate, parse_rate, shaped_loopback, unavailable_reason
 from conftest import started
 
 # Sends 20 MB over a TCP connection on 127.0.0.1 and prints the rate in bit/s.
@@ -77,7 +77,7 @@ def test_namespace_is_deleted_on_sigterm() -> None:
     require_shaping()
     holder = textwrap.dedent("""
         import time
-        from bytesched.emulation import parse_rate, shaped_loopback
+        from benchmarks.emulation import parse_rate, shaped_loopback
         with shaped_loopback(parse_rate("1gbit")) as ns:
             print(ns.name, flush=True)
             time.sleep(60)

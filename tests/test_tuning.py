@@ -362,10 +362,10 @@ def test_warm_start_predictions_are_tried_after_the_configured_point() -> None:
 
 # -- the study ------------------------------------------------------------------------------------
 def test_study_quick_run_reports_every_search(capsys: pytest.CaptureFixture[str]) -> None:
-    """``bytesched bench tuning --quick --json``: one scenario, every search, sane numbers."""
-    from bytesched.cli import main
+    """``python -m benchmarks tuning --quick --json``: one scenario, every search, sane numbers."""
+    from benchmarks.cli import main
 
-    assert main(["bench", "tuning", "--quick", "--json"]) == 0
+    assert main(["tuning", "--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     (scenario,) = result["scenarios"]
     assert set(scenario["methods"]) == {"bo", "bo-warm", "random", "grid", "sgd"}

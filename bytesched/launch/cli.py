@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "launch",
         help="start a local parameter-server job (scheduler, servers, workers)",
         description="Run a command as the workers of a local MXNet parameter-server job: one "
-                    "ps-lite scheduler, --servers servers and --workers workers on this machine, "
+                    "ps-lite scheduler, --servers servers and --workers workers on the local host, "
                     "with the DMLC_* and BYTESCHED_RANK/WORLD_SIZE variables set. Output lines "
                     "are prefixed with role and rank; if any process fails, all are stopped and "
                     "the exit status is non-zero.",

@@ -8,7 +8,7 @@
   every rank at the same step whatever the timing;
 - :mod:`.log`: the CSV tuning log and loading a previous job's best;
 - :mod:`.warmstart`: the simulator's predictions as first points;
-- :mod:`.study`: ``bytesched bench tuning``, the search-cost study of the paper's Figure 14.
+- the search-cost study of the paper's Figure 14 lives outside the package: ``python -m benchmarks tuning``.
 
 A plugin needs only :func:`make_session` and :meth:`TuningSession.on_step` (see
 :mod:`.session`); nothing here imports a framework, and scikit-learn is imported only when

@@ -7,7 +7,7 @@ parameter ``xi`` (0.1 by default, the paper's value) reads as "look for about 10
 the model's speed. The first trials are the points the caller suggests (the configured sizes, a
 previous job's best, the simulator's predictions), topped up from a Latin hypercube (spread over
 both knobs, which found the optimum in 30% fewer trials than uniformly random first points in
-``bytesched bench tuning``) until :data:`MIN_INITIAL` are known; the Gaussian process proposes
+``python -m benchmarks tuning``) until :data:`MIN_INITIAL` are known; the Gaussian process proposes
 every later one.
 
 Noise: the process fits a white-noise term, so the best point is the measured point with the
@@ -72,7 +72,7 @@ class BayesianSearch:
                 Integer(0, space.credit.size - 1, name="credit")]
         # One fit of the kernel's hyper-parameters per trial (no restarts of the fit from random
         # starting points): that keeps a decision near a tenth of a second, and it is the
-        # setting the study (`bytesched bench tuning`) measured.
+        # setting the study (`python -m benchmarks tuning`) measured.
         model = cook_estimator("GP", space=dims, random_state=seed, n_restarts_optimizer=0)
         self._optimizer = Optimizer(dims, base_estimator=model, acq_func="EI", acq_optimizer="sampling",
                                     acq_func_kwargs={"xi": xi},

@@ -1,4 +1,4 @@
-"""The soak's training job (:func:`bytesched.bench.soak.train`) with faults injected on request.
+"""The soak's training job (:func:`benchmarks.soak.train`) with faults injected on request.
 
 Used by tests/test_reliability_*.py: options make one rank die (SIGKILL), freeze (SIGSTOP) or
 hang in the middle of a backward pass, or perturb one rank's weights (to check BYTESCHED_CHECK).
@@ -16,7 +16,7 @@ import time
 
 import torch  # before any horovod import (horovod.mxnet segfaults otherwise)
 
-from bytesched.bench.soak import Hooks, train, worker_arguments
+from benchmarks.soak import Hooks, train, worker_arguments
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

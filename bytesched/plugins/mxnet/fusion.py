@@ -2,7 +2,7 @@
 
 Every scheduled all-reduce pays a fixed cost besides its bytes (four engine operations, the
 Core's events, a Horovod negotiation): 277 us per tensor and step over plain Horovod on 188 small
-tensors, against 9 us fused (``bytesched bench overhead``, docs/benchmarks.md). The parameter
+tensors, against 9 us fused (``python -m benchmarks overhead``, docs/benchmarks.md). The parameter
 server cannot fuse safely: Gluon pushes one key per call and nothing marks the last call of a
 step. The Horovod path can, because :class:`~bytesched.plugins.mxnet.ScheduledOptimizer` declares
 aggregation, so Gluon's Updater hands it every gradient of one dtype in one ``update`` call. Runs
@@ -20,7 +20,7 @@ temp-space variables (``MXNET_CPU_TEMP_COPY``, four by default, handed out round
 is posted before backward writes its gradients, and an unpack before the all-reduce. Each would
 hold its variable until then, and every later operation drawing the same variable (later buckets,
 the model's own layers) would wait behind it. That cost MXNet over Horovod 5-10 % at 5-10 Gbit/s
-(docs/benchmarks.md, "Session 12"). ``NDArray.copyto`` per gradient draws none, but costs about
+(the emulated benchmark, docs/benchmarks.md). ``NDArray.copyto`` per gradient draws none, but costs about
 25 us of Python per gradient and step where one operation costs one call.
 """
 

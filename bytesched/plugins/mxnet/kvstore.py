@@ -48,7 +48,7 @@ they are new (an NDArray object keeps its shape, type and storage), reuses the k
 and their handle arrays, and posts the proxy chain with two calls that keep the GIL
 (:class:`.proxies.Chain`). On the emulated Transformer's 188 keys this took the posting from
 105 ms of wall time (46 ms of CPU) per step and worker to 46-49 ms (22 ms), against 8 ms
-(5.5 ms) for the plain store, whose ``pushpull`` is one call (docs/benchmarks.md, "Session 13").
+(5.5 ms) for the plain store, whose ``pushpull`` is one call (the emulated benchmark, docs/benchmarks.md).
 
 Re-partitioning. :meth:`ScheduledKVStore.set_params` with a new partition size takes effect at a
 step boundary: the store waits for its communication to finish, initialises fresh server keys at

@@ -47,7 +47,7 @@ class ProxyLibrary:
     training loop, MXNet's custom operators, the Core) can take up to the interpreter's switch
     interval, 5 ms, and the Core releases every partition with such a call. With these calls
     held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
-    (docs/benchmarks.md, "Session 13"). It is safe because these calls only take the library's
+    (the emulated benchmark, docs/benchmarks.md). It is safe because these calls only take the library's
     own lock and the engine's, which no thread holds while waiting for the GIL: engine threads
     never enter Python here (see the module doc). The one blocking call, :meth:`next_events`,
     and the rare ones go through ``CDLL``.

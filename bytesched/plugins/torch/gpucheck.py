@@ -1,4 +1,4 @@
-"""Is bytesched right, and how fast is it, on this machine's GPU? Two ranks answer.
+"""Is bytesched right, and how fast is it, on the local GPU? Two ranks answer.
 
 Run by ``bytesched check-gpu`` (or ``python -m bytesched.plugins.torch.gpucheck``). Two processes
 join a torch.distributed group over loopback: Gloo with both ranks sharing one GPU (NCCL refuses

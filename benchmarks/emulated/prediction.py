@@ -9,10 +9,10 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from ...core.config import SchedulingParams, from_env
-from ...sim.predict import simulate
-from ...sim.simulator import VANILLA
-from ...sim.profile import ModelProfile
+from bytesched.core.config import SchedulingParams, from_env
+from bytesched.sim.predict import simulate
+from bytesched.sim.simulator import VANILLA
+from bytesched.sim.profile import ModelProfile
 from .calibration import Calibration
 from .cells import Group, groups
 from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES, Configuration, with_sizes
@@ -29,8 +29,8 @@ IDEAL_PARTITION = 64 << 10
 
 def ideal_credits(nbytes: int) -> tuple[int, ...]:
     """Credits of the ideal, in partitions: 1, 2, 4... up to the whole model's gradients. A PS
-    with several workers needs many sub-tasks in flight to keep every link busy: up to session 17
-    the grid stopped at 16 partitions (1 MB), and the 4-worker PS ResNet50's ideal came out below
+    with several workers needs many sub-tasks in flight to keep every link busy: a grid that
+    stopped at 16 partitions (1 MB) put the 4-worker PS ResNet50's ideal below
     1x (0.97x; 1.52x with this grid) while the auto-tuner's sizes measured 1.49x."""
     return tuple(2 ** k for k in range(math.ceil(math.log2(max(nbytes / IDEAL_PARTITION, 1))) + 1))
 
@@ -115,8 +115,7 @@ def fit_scheduled_overhead(profile: ModelProfile, options: dict[str, Any], coars
     as Horovod does, so none costs less. A fit below it explains a probe's gain by cheap messages
     where something else gave it, and the sizes chosen with that θ can be the grid's finest with
     one partition in flight: on MXNet over Horovod's ResNet50, θ fitted 0 (the plain path's cost
-    1.09 ms) chose 256 KB / 256 KB, predicted 1.30x and measured 0.76x (docs/benchmarks.md,
-    session 15); from 1.09 ms up the choice is 1 MB / 2 MB, predicted 1.22x.
+    1.09 ms) chose 256 KB / 256 KB, predicted 1.30x and measured 0.76x; from 1.09 ms up the choice is 1 MB / 2 MB, predicted 1.22x.
     """
     floor = options["overhead"]
     grid = (floor, *(theta for theta in OVERHEAD_GRID if theta > floor))

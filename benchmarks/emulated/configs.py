@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ...core.config import SchedulingParams
+from bytesched.core.config import SchedulingParams
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("bytescheduler-tuned", "bytesched, bytescheduler policy, the partition and credit sizes "
                   "bytesched's auto-tuner kept in a tuning job of the same cell before the runs (BYTESCHED_TUNING=1, "
                   "trials of 20 steps, on the lattice fitted to the model, 375 KB to 24 MB partitions for the "
-                  "24 MB models; before session 11, all-reduce from 256 KB / 1 MB with BYTESCHED_TUNING_FLOOR and PS "
+                  "24 MB models; in older result files, all-reduce from 256 KB / 1 MB with BYTESCHED_TUNING_FLOOR and PS "
                   "from 500 KB / 2 MB; then fixed, as a user's next job gets them with BYTESCHED_TUNING_LOAD)",
                   policy="bytescheduler", simulated_as="bytescheduler", sized_by="tuner"),
     Configuration("probe-coarse", "calibration: bytesched at 4 MB partitions / 16 MB credit", policy="bytescheduler",
@@ -74,9 +74,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   policy="bytescheduler", params=SchedulingParams(partition_bytes=256 << 10, credit_bytes=1 << 20),
                   simulated_as="bytescheduler"),
     Configuration("tuned", "bytesched, bytescheduler policy, BYTESCHED_TUNING=1 from the job's start: the timed "
-                  "steps fall in the tuner's first trial, the default sizes rounded onto its lattice (since session 11 "
-                  "fitted to the model: 4.2 MB / 17 MB for the 24 MB models; before, all-reduce 8 MB / 16 MB, the "
-                  "lattice's smallest partition, and PS 4 MB / 16 MB), so this shows what tuning costs while it "
+                  "steps fall in the tuner's first trial, the default sizes rounded onto its lattice ("
+                  "fitted to the model: 4.2 MB / 17 MB for the 24 MB models; in older result files all-reduce "
+                  "8 MB / 16 MB, the lattice's smallest partition, and PS 4 MB / 16 MB), so this shows what tuning costs while it "
                   "searches, not what it finds (that is `bytescheduler-tuned`)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",

@@ -1,4 +1,4 @@
-"""``bytesched bench core``: how many sub-task lifecycles per second the runtime Core sustains.
+"""``python -m benchmarks core``: how many sub-task lifecycles per second the runtime Core sustains.
 
 A lifecycle is what the Core does for every partition of every gradient: the task is enqueued
 and partitioned, becomes ready, its sub-task is ordered by priority and admitted under the
@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..core import CommTask, Config, Core, SchedulingParams, SubTask
+from bytesched.core import CommTask, Config, Core, SchedulingParams, SubTask
 
 PIECE_BYTES = 4_000
 """Partition size of the benchmark: each tensor is ``partitions`` pieces of this many bytes (far
@@ -332,7 +332,7 @@ def _format(result: dict[str, Any]) -> str:
     ref = rates["reference"]
     load = result["machine"]["load_average_1min"]
     lines = [
-        f"bytesched bench core: {w['tensors']} tensors x {w['partitions']} partitions per step, median of "
+        f"python -m benchmarks core: {w['tensors']} tensors x {w['partitions']} partitions per step, median of "
         f"{w['repeats']} (load average {load[0]:g} before, {load[1]:g} after)",
         f"  {'sub-task lifecycles per second of':36s} {'wall time':>11s} {'CPU time':>11s}",
         f"  {'bare deque+heap loop (reference)':36s} {ref['median']:>11,} {ref['cpu_median']:>11,}",
@@ -362,7 +362,7 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bench core`` to the ``bench`` subcommand."""
+    """Add the ``core`` benchmark to ``python -m benchmarks``."""
     parser = subparsers.add_parser("core", help="sub-task lifecycles per second through the Core",
                                    description="How many sub-task lifecycles per second the runtime Core sustains, "
                                                "next to a bare deque+heap loop, and its CPU use while idle.")

@@ -1,6 +1,6 @@
-"""``bytesched bench soak``: a long 2-rank PyTorch run that must neither hang, grow, nor drift.
+"""``python -m benchmarks soak``: a long 2-rank PyTorch run that must neither hang, grow, nor drift.
 
-Issue #9's soak: the same small model is trained twice under ``horovodrun`` with the same seeds
+The soak: the same small model is trained twice under ``horovodrun`` with the same seeds
 and data, once through ScheduledOptimizer (partitioned, credit-limited, with a random delay in
 every layer's backward so that the ranks' gradients become ready in shifting orders) and once
 with plain ``hvd.DistributedOptimizer``. It passes when
@@ -12,7 +12,7 @@ with plain ``hvd.DistributedOptimizer``. It passes when
   two ranks each element of an all-reduced gradient is one addition of two numbers, which is the
   same whatever the partitioning, fusion or order, so nothing but exact equality is acceptable.
 
-The worker half of this module (``python -m bytesched.bench.soak``, run by horovodrun) is also
+The worker half of this module (``python -m benchmarks.soak``, run by horovodrun) is also
 the training loop of the reliability tests (``tests/scripts/reliability_train.py``), which add
 faults through :class:`Hooks`.
 """
@@ -165,7 +165,7 @@ def launch(name: str, worker_args: list[str], ranks: int, *, env: dict[str, str]
            echo: Callable[[str], None]) -> Run:
     """Run the worker under horovodrun, reading its output as it comes; end the job after
     ``timeout`` seconds (a deadlock) or if interrupted."""
-    argv = horovodrun_argv(ranks, "bytesched.bench.soak", worker_args)
+    argv = horovodrun_argv(ranks, "benchmarks.soak", worker_args)
     run = Run(name)
     began = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -261,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bench soak`` to the ``bench`` subcommand."""
+    """Add the ``soak`` benchmark to ``python -m benchmarks``."""
     parser = subparsers.add_parser("soak", help="long 2-rank run: no deadlock, stable RSS, same parameters",
                                    description=__doc__.split("\n\n")[1] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=2000, help="training steps per run (default 2000)")
@@ -278,7 +278,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _worker_main() -> int:
-    parser = argparse.ArgumentParser(description="one rank of bytesched bench soak (run by horovodrun)")
+    parser = argparse.ArgumentParser(description="one rank of python -m benchmarks soak (run by horovodrun)")
     worker_arguments(parser)
     args = parser.parse_args()
     return train(args.backend, args.steps, unscheduled=args.unscheduled, delay_ms=args.delay_ms,

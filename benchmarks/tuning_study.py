@@ -1,4 +1,4 @@
-"""``bytesched bench tuning``: how many trials each search needs to come within 2% of the
+"""``python -m benchmarks tuning``: how many trials each search needs to come within 2% of the
 grid-search optimum, in the simulator (the spirit of the paper's Figure 14).
 
 For each scenario (a model and an architecture on a simulated cluster) the true landscape is the
@@ -31,11 +31,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.config import format_size
-from .search import XI, BayesianSearch
-from .searchers import BOSearch, Exhausted, GridSearch, MomentumSearch, RandomSearch
-from .space import Point, SearchSpace, space_for
-from .warmstart import GRID_STRIDE, best_points, predicted_throughput
+from bytesched.core.config import format_size
+from bytesched.tuning.search import XI, BayesianSearch
+from bytesched.tuning.space import Point, SearchSpace, space_for
+from bytesched.tuning.warmstart import GRID_STRIDE, best_points, predicted_throughput
+
+from .tuning_searchers import BOSearch, Exhausted, GridSearch, MomentumSearch, RandomSearch
 
 TOLERANCE = 0.02
 DEFAULT_SEEDS = 20
@@ -79,7 +80,7 @@ class Scenario:
         return f"{self.model} {'PS' if self.arch == 'ps' else 'all-reduce'}"
 
     def cluster(self, error: MisEstimate | None = None) -> Any:
-        from ..sim import WorkerSpec, make_cluster
+        from bytesched.sim import WorkerSpec, make_cluster
 
         cluster = make_cluster(arch=self.arch, workers=self.workers, bandwidth=self.bandwidth)
         if error is None:
@@ -174,7 +175,7 @@ def _summary(costs: Sequence[int | None], cap: int) -> dict[str, Any]:
 def study_scenario(scenario: Scenario, seeds: int, noise: float, cap: int = CAP,
                    sgd_grid: Sequence[tuple[float, float]] | None = None) -> dict[str, Any]:
     """Every search from every seed on one scenario (runs in a worker process)."""
-    from ..sim import load_profile
+    from bytesched.sim import load_profile
 
     space = space_for(scenario.arch)
     profile = load_profile(scenario.model)
@@ -319,7 +320,7 @@ def _seconds(result: dict[str, Any], what: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bench tuning`` to the ``bench`` subcommand."""
+    """Add the ``tuning`` benchmark to ``python -m benchmarks``."""
     parser = subparsers.add_parser("tuning", help="search cost of BO vs. alternatives in the simulator (Figure 14)",
                                    description="How many trials each search (BO, BO warm-started from the simulator, "
                                                "random, grid, SGD with momentum) needs to come within 2% of the "
@@ -345,7 +346,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         result = run_study(SCENARIOS, seeds=args.seeds, noise=args.noise, jobs=args.jobs)
     if args.plot or args.landscape_plot:
-        from .study_plot import plot_landscapes, plot_search_costs
+        from .tuning_study_plot import plot_landscapes, plot_search_costs
 
         if args.plot:
             plot_search_costs(result, args.plot)

@@ -1,8 +1,8 @@
-"""``bytesched bench emulated``: run the matrix (or part of it) and write JSON, markdown and plots.
+"""``python -m benchmarks emulated``: run the matrix (or part of it) and write JSON, markdown and plots.
 
-    bytesched bench emulated --json out.json --docs           # the full matrix (hours)
-    bytesched bench emulated --quick --json quick.json        # one small cell per framework
-    bytesched bench emulated --report out.json                # regenerate docs from a JSON
+    python -m benchmarks emulated --json out.json --docs           # the full matrix (hours)
+    python -m benchmarks emulated --quick --json quick.json        # one small cell per framework
+    python -m benchmarks emulated --report out.json                # regenerate docs from a JSON
 
 Ctrl-C stops the running job and deletes the emulated network (the cluster context does it);
 what was measured so far is still written to ``--json``.
@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...core.config import ConfigError, parse_size
-from ...emulation import parse_rate, unavailable_reason
-from ...sim.predict import simulate
+from bytesched.core.config import ConfigError, parse_size
+from ..emulation import parse_rate, unavailable_reason
+from bytesched.sim.predict import simulate
+from .. import REPO
 from ..provenance import revision
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
@@ -32,7 +33,6 @@ from .results import FORMAT, load, merge, save
 from .runner import Workload, run_groups
 from .scaling import Scale, balanced_time_scale, scaled_profile
 
-REPO = Path(__file__).resolve().parents[3]
 SIM_TOPOLOGY = {"veth": "full-duplex", "loopback": "shared"}
 QUICK = {"models": "vgg16", "bandwidths": "1gbit", "ranks": "2", "configs": "vanilla,bytescheduler-sim", "repeats": 1,
          "steps": 3, "warmup": 1, "gradient_bytes": "4MB"}
@@ -77,7 +77,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``emulated`` under ``bytesched bench``."""
+    """Add ``emulated`` under ``python -m benchmarks``."""
     build_parser(subparsers.add_parser(
         "emulated", help="training throughput on an emulated network, against vanilla and the simulator",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         matrix = [quick(group) for group in matrix]
     described = {m: workload(m, args, min(ranks)) for m in _names(args.models)}
     workloads = {m: w for m, (w, _) in described.items()}
-    command = shlex.join(["bytesched", "bench", "emulated", *sys.argv[sys.argv.index("emulated") + 1:]]
+    command = shlex.join(["python", "-m", "benchmarks", "emulated", *sys.argv[sys.argv.index("emulated") + 1:]]
                          if "emulated" in sys.argv else sys.argv)
     results: dict[str, Any] = {
         "format": FORMAT,
@@ -199,11 +199,11 @@ def main(args: argparse.Namespace) -> int:
                 setattr(args, name, value)
         reason = unavailable_reason()
         if reason is not None:
-            print(f"bytesched bench emulated: cannot build the emulated network: {reason}", file=sys.stderr)
+            print(f"python -m benchmarks emulated: cannot build the emulated network: {reason}", file=sys.stderr)
             return 2
         results = run(args)
     except (ValueError, ConfigError) as error:
-        print(f"bytesched bench emulated: {error}", file=sys.stderr)
+        print(f"python -m benchmarks emulated: {error}", file=sys.stderr)
         return 2
     if args.docs:
         write_docs(merge([results]), args)

@@ -31,7 +31,7 @@ def load(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: cannot read benchmark results ({error})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or "groups" not in data:
-        raise ValueError(f"{path}: not a `bytesched bench emulated` results file (format {FORMAT})")
+        raise ValueError(f"{path}: not a `python -m benchmarks emulated` results file (format {FORMAT})")
     return data
 
 
@@ -59,7 +59,7 @@ class CellSummary:
     predicted_throughput: float | None
     predicted_speedup: float | None
     cpu_per_step: Spread | None = None
-    """Seconds of CPU the reporting rank's process used per step (runs from before session 16: None)."""
+    """Seconds of CPU the reporting rank's process used per step (None for files that did not record it)."""
     machine_busy: Spread | None = None
     """Share of the machine's cores busy during the timed steps."""
 

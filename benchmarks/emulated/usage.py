@@ -1,6 +1,6 @@
 """What a timed run cost in CPU: the reporting rank's process (all its threads) and the machine.
 
-Every emulated host shares this machine's cores: at 4 ranks, or 2 workers with 2 servers, the
+Every emulated host shares the host's cores: at 4 ranks, or 2 workers with 2 servers, the
 processes want more CPU than there is, and a configuration can then be slower only because it
 needs more CPU (a scheduler thread, more messages), not because it schedules the network worse.
 A real cluster gives each host its own cores. These two numbers, recorded with every run, tell a

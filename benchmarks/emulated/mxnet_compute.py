@@ -11,10 +11,10 @@ So the engine sees each layer's gradients become ready in backward order at the 
 and they travel through the real KVStore or Horovod transfers, while the host's CPUs and the GIL
 stay free for communication, as on a GPU-trained job.
 
-Why not Python custom operators (what this module used before session 14): each such layer
+Why not Python custom operators (what this module used at first): each such layer
 enters the interpreter several times per pass, so it competed for the GIL with bytesched's
 Python threads, and the emulated Transformer's backward took 326 ms under bytesched against
-197 ms under the plain store (docs/benchmarks.md, "Session 13"). It also made about 10,000
+197 ms under the plain store. It also made about 10,000
 cyclic objects per step for the garbage collector. A real model's layers are C++ operators and
 need neither.
 
@@ -33,8 +33,8 @@ from typing import Sequence
 import mxnet as mx
 from mxnet import gluon
 
-from ...plugins.mxnet.proxies import BUILD_HINT, handle_array
-from ...sim.profile import ModelProfile
+from bytesched.plugins.mxnet.proxies import BUILD_HINT, handle_array
+from bytesched.sim.profile import ModelProfile
 from .scaling import layer_sizes
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_emulated_device.so"

@@ -22,7 +22,7 @@ class Framework:
 
     name: str
     worker: str
-    """Module under bytesched.bench.emulated run as every rank."""
+    """Module under benchmarks.emulated run as every rank."""
     backend: str
     launcher: str
     """Which launcher of the emulated cluster starts it: ``horovod`` (Horovod over Gloo),

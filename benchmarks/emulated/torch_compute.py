@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...sim.profile import Layer, ModelProfile
+from bytesched.sim.profile import Layer, ModelProfile
 from .cells import REAL_MODELS
 from .scaling import layer_sizes
 

@@ -1,10 +1,10 @@
-"""How fast the simulator is: ``python -m bytesched.sim.benchmark [--json] [--quick]``.
+"""How fast the simulator is: ``python -m benchmarks.sim [--json] [--quick]``.
 
 Measures the run time of simulations as the number of workers, layers and partitions grows
 (the figures of docs/benchmarks.md, section "Simulator"). Each figure is the wall-clock and
 the CPU time of this process, so a busy machine shows as wall > CPU.
 
-``register(subparsers)`` also makes it a ``bytesched bench`` benchmark (``sim``).
+``register(subparsers)`` also makes it a ``python -m benchmarks`` benchmark (``sim``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from ..core.config import POLICIES, SchedulingParams
-from .cluster import Cluster, WorkerSpec
-from .profile import Layer, ModelProfile, Tensor, load_profile
-from .simulator import VANILLA, run
+from bytesched.core.config import POLICIES, SchedulingParams
+from bytesched.sim.cluster import Cluster, WorkerSpec
+from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
+from bytesched.sim.simulator import VANILLA, run
 
 GBPS = 1e9 / 8
 
@@ -109,7 +109,7 @@ def _print(measurements: list[Measurement]) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sim`` (as a ``bytesched bench`` benchmark)."""
+    """Add ``sim`` (as a ``python -m benchmarks`` benchmark)."""
     p = subparsers.add_parser("sim", help="how the simulator's run time grows with workers, layers, partitions",
                               description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m bytesched.sim.benchmark", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.add_argument("--quick", action="store_true", help="smaller sweeps (a smoke run)")
     sys.exit(main(parser.parse_args()))

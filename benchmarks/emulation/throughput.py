@@ -10,8 +10,8 @@ burst is not counted as speed.
 
 Command line (root)::
 
-    python -m bytesched.emulation.throughput --topology veth --rate 1gbit --megabytes 50 --repeats 3
-    python -m bytesched.emulation.throughput --topology veth --rate 200mbit --megabytes 10 --allreduce 2
+    python -m benchmarks.emulation.throughput --topology veth --rate 1gbit --megabytes 50 --repeats 3
+    python -m benchmarks.emulation.throughput --topology veth --rate 200mbit --megabytes 10 --allreduce 2
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ _CLONE_NEWNET = 0x40000000
 
 
 class ShapingUnavailable(RuntimeError):
-    """This machine (or user) cannot create shaped namespaces; the message says why."""
+    """The host (or user) cannot create shaped namespaces; the message says why."""
 
 
 def parse_rate(text: str) -> int:

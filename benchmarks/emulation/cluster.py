@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ..launch.ps import ps_env
+from bytesched.launch.ps import ps_env
 from .job import Job
 from .network import ShapingUnavailable, cleanup_stale, format_rate, unavailable_reason
 from .topology import Host, loopback_hosts, switched_hosts

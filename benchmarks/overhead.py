@@ -1,4 +1,4 @@
-"""``bytesched bench overhead``: what bytesched costs per tensor, with and without tensor fusion.
+"""``python -m benchmarks overhead``: what bytesched costs per tensor, with and without tensor fusion.
 
 A model of many small tensors (``--layers`` dense layers of ``--width`` x ``--width``: two tensors
 each) and almost no compute is trained on 2 Horovod ranks over the unshaped loopback, so the step
@@ -99,7 +99,7 @@ def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
 
 
 def _worker_main() -> int:
-    parser = argparse.ArgumentParser(description="one rank of bytesched bench overhead (run by horovodrun)")
+    parser = argparse.ArgumentParser(description="one rank of python -m benchmarks overhead (run by horovodrun)")
     parser.add_argument("framework", choices=FRAMEWORKS)
     parser.add_argument("mode", choices=tuple(MODES))
     for name in ("layers", "width", "steps", "warmup"):
@@ -116,7 +116,7 @@ def _worker_main() -> int:
 
 def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
     """One 2-rank job; its milliseconds per step (SystemExit naming the job if it failed)."""
-    argv = horovodrun_argv(2, "bytesched.bench.overhead",
+    argv = horovodrun_argv(2, "benchmarks.overhead",
                            [framework, mode, "--layers", str(args.layers), "--width", str(args.width),
                             "--steps", str(args.steps), "--warmup", str(args.warmup)])
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -128,12 +128,12 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
         output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         end_job(proc)
-        raise SystemExit(f"bytesched bench overhead: the {framework} {mode} job did not finish in "
+        raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job did not finish in "
                          f"{JOB_TIMEOUT_S:.0f} s") from None
     found = RESULT.search(output)
     if proc.returncode != 0 or found is None:
         tail = "\n".join(output.splitlines()[-30:])
-        raise SystemExit(f"bytesched bench overhead: the {framework} {mode} job failed "
+        raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
     return float(found.group(1))
 
@@ -159,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
     frameworks = args.frameworks.split(",")
     unknown = set(frameworks) - set(FRAMEWORKS)
     if unknown or args.rounds < 1 or args.layers < 1:
-        raise SystemExit(f"bytesched bench overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
+        raise SystemExit(f"python -m benchmarks overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
                          f"{args.frameworks!r}); --rounds and --layers must be >= 1")
     times: dict[str, dict[str, list[float]]] = {f: {mode: [] for mode in MODES} for f in frameworks}
     for framework in frameworks:
@@ -169,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
                 times[framework][mode].append(ms)
                 echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {ms:8.2f} ms/step")
     tensors = 2 * args.layers
-    command = ["bytesched", "bench", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
+    command = ["python", "-m", "benchmarks", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
         if "overhead" in sys.argv else sys.argv
     settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds")}
     result = {"command": shlex.join(command), "revision": revision(), "tensors": tensors, "settings": settings,
@@ -187,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bench overhead`` to the ``bench`` subcommand."""
+    """Add the ``overhead`` benchmark to ``python -m benchmarks``."""
     parser = subparsers.add_parser("overhead", help="per-tensor cost of bytesched over Horovod, fused and not",
                                    description=__doc__.split("\n\n")[1] if __doc__ else None)
     parser.add_argument("--frameworks", default="mxnet,torch", help="mxnet and/or torch (default both)")

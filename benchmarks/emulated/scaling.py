@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ...sim.profile import ELEMENT_BYTES, Layer, ModelProfile, Tensor, load_profile
+from bytesched.sim.profile import ELEMENT_BYTES, Layer, ModelProfile, Tensor, load_profile
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Generator
 
 import numpy as np
 
-from .search import BayesianSearch
-from .space import Point, SearchSpace
+from bytesched.tuning.search import BayesianSearch
+from bytesched.tuning.space import Point, SearchSpace
 
 
 class Exhausted(Exception):

@@ -1,4 +1,4 @@
-"""A rank of a PyTorch benchmark job: ``python -m bytesched.bench.emulated.torch_worker``.
+"""A rank of a PyTorch benchmark job: ``python -m benchmarks.emulated.torch_worker``.
 
 Started by the emulated cluster's Horovod (``--backend horovod``) or torch.distributed
 (``--backend torch``) launcher; also runs under ``horovodrun``/``torchrun`` by hand. Runs the

@@ -1,4 +1,4 @@
-"""A worker of an MXNet benchmark job: ``python -m bytesched.bench.emulated.mxnet_worker``.
+"""A worker of an MXNet benchmark job: ``python -m benchmarks.emulated.mxnet_worker``.
 
 ``--backend ps``: a ``dist_sync`` KVStore worker under ``bytesched launch`` (the baseline is the
 plain store, bytesched wraps it in ScheduledKVStore); ``--backend horovod``: a rank under

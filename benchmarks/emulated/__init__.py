@@ -1,7 +1,7 @@
-"""``bytesched bench emulated``: measured throughput of real training stacks on an emulated network.
+"""``python -m benchmarks emulated``: measured throughput of real training stacks on an emulated network.
 
 Each *cell* (framework x model x bandwidth x ranks x configuration) runs real Horovod/Gloo,
-torch.distributed or ps-lite transfers between processes of this machine, inside network
+torch.distributed or ps-lite transfers between processes of the local host, inside network
 namespaces whose links ``tc tbf`` shapes to the cell's bandwidth. Compute is either a real small
 model or *emulated*: layers that own real parameter tensors with a simulator profile's sizes and
 sleep for its per-layer times, so the CPUs stay free for communication. Before a group's runs a
@@ -15,7 +15,7 @@ Modules: :mod:`.scaling` (profile -> the scaled profile a cell runs), :mod:`.tor
 :mod:`.protocol` (worker options and result lines), :mod:`.usage` (a run's CPU),
 :mod:`.configs` (vanilla and the policies), :mod:`.cells` (the matrix and its order),
 :mod:`.calibration` (the measured per-operation cost and bandwidth), :mod:`.runner` (jobs on
-``bytesched.emulation``'s clusters),
+``benchmarks.emulation``'s clusters),
 :mod:`.prediction` (the simulator's view of a cell and its sizes), :mod:`.results` (JSON and
 statistics), :mod:`.report` (markdown and plots), :mod:`.command` (the command line).
 """
@@ -26,7 +26,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``bytesched bench emulated``. The command module (and the emulation and simulator it
+    """Add ``python -m benchmarks emulated``. The command module (and the emulation and simulator it
     needs) is imported here, not at package import, so the worker entry scripts start lean."""
     from .command import register as register_command
     register_command(subparsers)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from ...core.config import ConfigError, from_env
-from ...emulation import Cluster, Job, emulated_cluster, format_rate
-from ...tuning.log import load_best
+from bytesched.core.config import ConfigError, from_env
+from ..emulation import Cluster, Job, emulated_cluster, format_rate
+from bytesched.tuning.log import load_best
 from .calibration import Calibration
 from .cells import Group, rounds
 from .configs import (BASELINE, CONFIGURATIONS, TUNING, TUNING_STEPS_PER_TRIAL, TUNING_WARMUP_STEPS,
@@ -56,7 +56,7 @@ def hosts_for(group: Group) -> int:
 def launch(cluster: Cluster, group: Group, worker_args: Sequence[str], env: dict[str, str]) -> Job:
     """Start one job of ``group`` on ``cluster``, every rank running the group's worker with ``worker_args``."""
     framework = group.framework
-    argv = [sys.executable, "-m", f"bytesched.bench.emulated.{framework.worker}", *worker_args]
+    argv = [sys.executable, "-m", f"benchmarks.emulated.{framework.worker}", *worker_args]
     if framework.launcher == "horovod":
         return cluster.launch_horovod(argv, env=env, ranks=group.ranks)
     if framework.launcher == "torchrun":

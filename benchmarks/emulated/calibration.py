@@ -1,7 +1,7 @@
 """What one communication operation costs on the emulated network, measured, for the simulator.
 
 The simulator's defaults describe the paper's testbed: about 0.3 ms of fixed cost per message
-(GPUs, RDMA) and links that deliver their nominal rate. On this 2-core machine a Horovod/Gloo
+(GPUs, RDMA) and links that deliver their nominal rate. On a 2-core machine a Horovod/Gloo
 all-reduce or a ps-lite push+pull costs milliseconds however small it is (Horovod's negotiation
 cycle, Gloo's round trips, Python on the critical path), and a tbf-shaped veth delivers less
 than its rate once TCP and the shaper's bursts are paid. Predicting with the defaults missed by
@@ -24,7 +24,7 @@ and the pair it keeps is what that configuration then runs.
 
 The operation is what the framework does per tensor: an all-reduce (Horovod, torch.distributed)
 or a fused pushpull of one key (a ``dist_sync`` KVStore, as Gluon's Trainer does; results files
-before session 6 timed a push followed by a pull).
+from older versions timed a push followed by a pull).
 
 The emulated compute itself is measured too: one training step of the emulated model with the
 framework's plain optimizer and no communication. It takes longer than the profile's scaled

@@ -4,13 +4,14 @@ taken before or after a change."""
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
+
+from . import REPO
 
 
 def revision() -> str | None:
     """The git commit bytesched ran from (``+changes`` if tracked files were modified); None
     outside a checkout."""
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10)

@@ -1,5 +1,5 @@
 """Starting and ending local Horovod jobs for the benchmarks that drive ``horovodrun`` themselves
-(``bench soak``, ``bench overhead``)."""
+(the ``soak`` and ``overhead`` benchmarks)."""
 
 from __future__ import annotations
 
