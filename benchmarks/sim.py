@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from bytesched.core.config import POLICIES, SchedulingParams
+from bytesched.core.config import SIMULATED_POLICIES, SchedulingParams
 from bytesched.sim.cluster import Cluster, WorkerSpec
 from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
 from bytesched.sim.simulator import VANILLA, run
@@ -65,7 +65,7 @@ def heterogeneous(workers: int, arch: str) -> Cluster:
 def measure(quick: bool = False) -> list[Measurement]:
     """Every case of docs/benchmarks.md (``quick``: smaller sweeps, for a smoke run)."""
     vgg16 = load_profile("vgg16")
-    every = (VANILLA, *POLICIES)
+    every = (VANILLA, *SIMULATED_POLICIES)
     out: list[Measurement] = []
     for arch in ("allreduce", "ps"):
         identical = Cluster(workers=1024, arch=arch, bandwidth=25 * GBPS)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bytesched.core.config import (UNLIMITED, Config, ConfigError, SchedulingParams, describe_variables,
-                                   format_size, from_env, parse_size)
+from bytesched.core.config import (POLICIES, SIMULATED_POLICIES, UNLIMITED, Config, ConfigError, SchedulingParams,
+                                   describe_variables, format_size, from_env, parse_size)
+from bytesched.core.policies import make_policy
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -50,6 +51,16 @@ def test_defaults_and_full_environment() -> None:
 def test_bad_values_name_the_culprit(env: dict[str, str], culprit: str) -> None:
     with pytest.raises(ConfigError, match=culprit):
         from_env(env)
+
+
+def test_tictac_is_simulator_only_and_the_error_says_where_it_runs() -> None:
+    """A job cannot choose tictac (no graph at run time); the simulator still runs it."""
+    with pytest.raises(ConfigError, match=r"BYTESCHED_POLICY='tictac'.*bytesched simulate --policy tictac"):
+        from_env({"BYTESCHED_POLICY": "TicTac"})
+    with pytest.raises(ConfigError, match="policy='tictac'"):
+        Config(policy="tictac")
+    assert "tictac" in SIMULATED_POLICIES and "tictac" not in POLICIES
+    assert make_policy("tictac", SchedulingParams()).name == "tictac"
 
 
 def test_legacy_element_counts_are_aliases_with_a_warning() -> None:

@@ -248,3 +248,66 @@ def test_one_core_per_process() -> None:
         core_mod.shutdown(1)
     with pytest.raises(RuntimeError, match="not initialised"):
         core_mod.get_core()
+
+
+SCRIPT = ["ready 5", "ready 4", "finish", "ready 3", "finish", "finish", "ready 2", "ready 1", "finish",
+          "ready 0", *["finish"] * 40]
+"""Readiness in backward order (task 5 first), interleaved with completions of the oldest sub-task
+in flight; then every remaining sub-task completes, oldest first."""
+
+
+def scripted_order(policy: str, drive: str) -> list[tuple[str, int]]:
+    """The start order of SCRIPT's events under ``policy``: through the threaded Core (``core``),
+    or through the bare Scheduler as the simulator drives it (``scheduler``), time advancing by
+    one millisecond per event in both."""
+    params = SchedulingParams(partition_bytes=1000, credit_bytes=2500)
+    started: list[SubTask] = []
+    finished = 0
+    if drive == "scheduler":
+        scheduler = Scheduler(make_policy(policy, params))
+        tasks = [BufferTask(f"t{i}", i, 1000 * (i % 3 + 1)) for i in range(6)]
+        for task in tasks:
+            scheduler.enqueue(task, 0.0)
+        for step, event in enumerate(SCRIPT, start=1):
+            now = step * 1e-3
+            if event == "finish":
+                if finished < len(started):
+                    started += scheduler.finish(started[finished], now)
+                    finished += 1
+            else:
+                started += scheduler.ready(tasks[int(event.split()[1])], now)
+        return [(s.task.name, s.index) for s in started]
+    core = Core(Config(params=params, policy=policy)).start()
+    try:
+        tasks = [BufferTask(f"t{i}", i, 1000 * (i % 3 + 1), on_start=started.append) for i in range(6)]
+        for task in tasks:
+            core.enqueue(task)
+
+        def settle() -> None:  # every event posted so far was handled (starts included)
+            done = threading.Event()
+            core.call_soon(done.set)
+            assert done.wait(10.0)
+
+        settle()
+        for event in SCRIPT:
+            if event == "finish":
+                if finished < len(started):
+                    sub = started[finished]
+                    sub.task.notify_finish(sub)
+                    finished += 1
+            else:
+                tasks[int(event.split()[1])].notify_ready()
+            settle()
+            time.sleep(1e-3)
+        return [(s.task.name, s.index) for s in started]
+    finally:
+        core.shutdown(5.0)
+
+
+@pytest.mark.parametrize("policy", core_mod.config.POLICIES)
+def test_the_runtime_core_starts_in_the_order_the_simulator_drives(policy: str) -> None:
+    """Same events, same order: the runtime Core and the simulator are two drivers of one state
+    machine, for every policy a job can run."""
+    expected = scripted_order(policy, "scheduler")
+    assert {name for name, _ in expected} == {f"t{i}" for i in range(6)}  # every task ran
+    assert scripted_order(policy, "core") == expected

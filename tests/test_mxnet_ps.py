@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bytesched.core.config import POLICIES
 from bytesched.tuning.space import space_for
 from conftest import SCRIPTS, output_after, require, require_executable, run_job, started
 
 TRAIN = SCRIPTS / "mxnet_train.py"
-POLICIES = ("bytescheduler", "fifo", "p3", "tictac", "prophet")
 # A job takes 10-20 s on an idle machine; the bounds leave room for a shared, loaded one (a job
 # that deadlocks still fails, just later). A test with the `plain` fixture may run two jobs.
 JOB_TIMEOUT = 240

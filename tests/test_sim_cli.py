@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bytesched.cli import main as cli
-from bytesched.core.config import POLICIES, ConfigError, SchedulingParams
+from bytesched.core.config import SIMULATED_POLICIES, ConfigError, SchedulingParams
 from bytesched.sim import Cluster, Layer, ModelProfile, Tensor, WorkerSpec, parse_bandwidth, parse_duration, simulate
 from bytesched.sim.options import make_cluster
 from bytesched.sim.predict import tuning_grid
@@ -53,7 +53,7 @@ def test_cluster_options_are_parsed_and_checked() -> None:
 def test_simulate_api_every_policy_against_vanilla() -> None:
     report = simulate("resnet50", arch="allreduce", workers=8, bandwidth="10Gbps", partition="8MB", credit="32MB")
     (prediction,) = report.predictions
-    assert [r.policy for r in prediction.results] == ["vanilla", *POLICIES]
+    assert [r.policy for r in prediction.results] == ["vanilla", *SIMULATED_POLICIES]
     vanilla = prediction.vanilla
     assert vanilla.speedup == 1.0
     for r in prediction.results:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bytesched.core.config import POLICIES, SchedulingParams
+from bytesched.core.config import SIMULATED_POLICIES, SchedulingParams
 from bytesched.core.policies import PriorityPolicy, Window, register
 from bytesched.core.policies.tictac import Layer as TicTacLayer, TicTacGraph, tac_order
 from bytesched.core.task import SubTask
@@ -36,7 +36,7 @@ PARAMS = SchedulingParams(partition_bytes=2 * MB, credit_bytes=8 * MB)
 
 
 @pytest.mark.parametrize("arch", ["allreduce", "ps"])
-@pytest.mark.parametrize("policy", [VANILLA, *POLICIES])
+@pytest.mark.parametrize("policy", [VANILLA, *SIMULATED_POLICIES])
 def test_every_registered_policy_runs(arch: str, policy: str) -> None:
     result = run(small_model(), cluster(arch), policy, PARAMS)
     assert 0 < result.iteration_time < 1.0

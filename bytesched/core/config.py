@@ -17,7 +17,11 @@ from typing import Any, Callable, Mapping
 
 log = logging.getLogger("bytesched")
 
-POLICIES = ("bytescheduler", "fifo", "p3", "tictac", "prophet")
+POLICIES = ("bytescheduler", "fifo", "p3", "prophet")
+"""The policies a job can run (``BYTESCHED_POLICY``)."""
+SIMULATED_POLICIES = (*POLICIES, "tictac")
+"""The policies the simulator can run: TicTac orders transfers from the model's computation graph
+with op durations, which only the simulator builds (from its profile), so it is simulator-only."""
 ORDER_MODES = ("auto", "rank0", "immediate")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -118,8 +122,7 @@ class Config:
     tuning_floor: tuple[int, int] | None = None  # None: the architecture's own lattice
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy={self.policy!r} is unknown: expected one of {', '.join(POLICIES)}")
+        _check_runtime_policy("policy", self.policy)
         if self.order not in ORDER_MODES:
             raise ConfigError(f"order={self.order!r} is unknown: expected one of {', '.join(ORDER_MODES)}")
 
@@ -155,6 +158,21 @@ def _size_pair(name: str, text: str) -> tuple[int, int]:
     if not all(math.isfinite(size) for size in sizes):
         raise ConfigError(f"{name}={text!r} is not valid: both sizes must be finite, e.g. 256KB:1MB")
     return int(sizes[0]), int(sizes[1])
+
+
+def _check_runtime_policy(name: str, value: str) -> None:
+    if value == "tictac":
+        raise ConfigError(f"{name}={value!r}: TicTac orders transfers from the model's computation graph, which "
+                          "only the simulator builds (`bytesched simulate --policy tictac`); a job can run one of "
+                          + ", ".join(POLICIES))
+    if value not in POLICIES:
+        raise ConfigError(f"{name}={value!r} is unknown: expected one of {', '.join(POLICIES)}")
+
+
+def _runtime_policy(name: str, text: str) -> str:
+    value = text.strip().lower()
+    _check_runtime_policy(name, value)
+    return value
 
 
 def _choice(options: tuple[str, ...], *, upper: bool = False) -> Callable[[str, str], str]:
@@ -225,7 +243,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off)."),
-    Variable("BYTESCHED_POLICY", "policy", _choice(POLICIES), "bytescheduler",
+    Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + "."),
     Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",
              "Cross-rank order: rank0 (followers obey rank 0's start order over the channel), "
@@ -392,7 +410,7 @@ def configure_logging(config: Config) -> None:
 
 
 __all__ = [
-    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "POLICIES", "ORDER_MODES",
+    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "POLICIES", "SIMULATED_POLICIES", "ORDER_MODES",
     "VARIABLES", "from_env", "parse_size", "format_size", "describe_variables",
     "register_variables", "configure_logging",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..core.config import POLICIES, ConfigError, SchedulingParams, format_size, parse_size
+from ..core.config import SIMULATED_POLICIES, ConfigError, SchedulingParams, format_size, parse_size
 from .cluster import Cluster, WorkerSpec, format_bandwidth, parse_bandwidth, parse_duration, parse_worker_spec
 from .simulator import VANILLA
 
@@ -75,11 +75,11 @@ def _size(value: str | float, name: str) -> float:
 def policy_names(policies: Iterable[str] | str | None) -> list[str]:
     """Policy names from a list or a comma-separated string; None means every policy."""
     if policies is None:
-        return list(POLICIES)
+        return list(SIMULATED_POLICIES)
     names = [p.strip() for p in (policies.split(",") if isinstance(policies, str) else policies) if p.strip()]
-    unknown = [p for p in names if p not in POLICIES and p != VANILLA]
+    unknown = [p for p in names if p not in SIMULATED_POLICIES and p != VANILLA]
     if unknown:
-        raise ConfigError(f"policy {unknown[0]!r} is unknown: expected some of {', '.join(POLICIES)}")
+        raise ConfigError(f"policy {unknown[0]!r} is unknown: expected some of {', '.join(SIMULATED_POLICIES)}")
     return names
 
 

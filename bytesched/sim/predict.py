@@ -116,7 +116,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         profile: a shipped profile name (``vgg16``, ``resnet50``, ``transformer``), a JSON
             path, or a :class:`ModelProfile`.
         policies: names or a comma-separated string; default: every policy of
-            :data:`~bytesched.core.config.POLICIES`. Vanilla always runs (it is the baseline).
+            :data:`~bytesched.core.config.SIMULATED_POLICIES`. Vanilla always runs (it is the baseline).
         partition, credit: scheduling parameters (``"4MB"`` or bytes); partition ``None``
             means each policy's own default.
         sweep: ``("bandwidth", ["1Gbps", "10Gbps"])`` or the command line's

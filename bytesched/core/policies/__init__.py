@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import POLICIES, ConfigError, SchedulingParams
+from ..config import SIMULATED_POLICIES, ConfigError, SchedulingParams
 from .base import CreditPolicy, Policy, PriorityPolicy, Window
 from .bytescheduler import ByteSchedulerPolicy
 from .fifo import FifoPolicy
@@ -27,11 +27,12 @@ def register(cls: type[Policy]) -> type[Policy]:
 
 
 def make_policy(name: str, params: SchedulingParams) -> Policy:
-    """Instantiate the policy called ``name`` (one of :data:`POLICIES`)."""
+    """Instantiate the policy called ``name`` (one of :data:`SIMULATED_POLICIES`; a job's
+    configuration admits only :data:`~bytesched.core.config.POLICIES`)."""
     try:
         cls = _REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"policy {name!r} is unknown: expected one of {', '.join(POLICIES)}") from None
+        raise ConfigError(f"policy {name!r} is unknown: expected one of {', '.join(SIMULATED_POLICIES)}") from None
     return cls(params)
 
 
