@@ -518,9 +518,10 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
         require("torch")
         require(module, component)
     out, docs, img = tmp_path / "quick.json", tmp_path / "benchmarks.md", tmp_path / "img"
+    details = tmp_path / "benchmarks-emulated.md"
     docs.write_text("# Benchmarks\n\n## Core\n\nuntouched\n")
     result = run_job([sys.executable, "-m", "benchmarks", "emulated", "--quick", "--json", out, "--docs",
-                      "--docs-file", docs, "--img-dir", img], timeout=300)
+                      "--docs-file", docs, "--details-file", details, "--img-dir", img], timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "network: 2 hosts, veth pairs shaped to 1 Gbit/s per direction" in result.stdout
     assert "network: 4 hosts, veth pairs shaped" in result.stdout  # PS servers on hosts of their own
@@ -540,10 +541,13 @@ def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path
         assert set(group["prediction"]["configs"]) == set(group["configs"])
         assert group["failures"] == []
     assert _namespaces_of(results["meta"]["pid"]) == []  # the emulated network is gone
-    text = docs.read_text()
-    assert text.startswith("# Benchmarks\n\n## Core\n\nuntouched\n")
+    summary = docs.read_text()
+    assert summary.startswith("# Benchmarks\n\n## Core\n\nuntouched\n")
+    assert "### The matrix at a glance" in summary and "[every emulated run](benchmarks-emulated.md)" in summary
+    text = details.read_text()
     assert "**torch-horovod, vgg16, 1 Gbit/s, 2 ranks**" in text and "**mxnet-ps, vgg16, 1 Gbit/s, 2 ranks**" in text
     assert "python -m benchmarks emulated --quick" in text
+    assert "![bench_emulated_torch-horovod_vgg16_2r](img/bench_emulated_torch-horovod_vgg16_2r.png)" in text
     assert "A training step of the emulated model without communication took" in text
     assert "| rank 0 CPU per step | machine busy |" in text
     assert len(list(img.glob("bench_emulated_*.png"))) == len(FRAMEWORKS)

@@ -28,7 +28,7 @@ from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
 from .prediction import as_measured, cluster_options, fit_probes, predict_group, refresh_ideals, resolve
-from .report import markdown, plot, write_section
+from .report import details_page, plot, summary, write_section
 from .results import FORMAT, load, merge, save
 from .runner import Workload, run_groups
 from .scaling import Scale, balanced_time_scale, scaled_profile
@@ -71,6 +71,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                         help="do not run: regenerate docs/benchmarks.md's section and plots from these results files")
     parser.add_argument("--docs-file", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--details-file", type=Path, default=REPO / "docs" / "benchmarks-emulated.md",
+                        help="the generated page with every run (default docs/benchmarks-emulated.md)")
     parser.add_argument("--img-dir", type=Path, default=REPO / "docs" / "img")
     parser.set_defaults(func=main)
     return parser
@@ -185,8 +187,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def write_docs(results: dict[str, Any], args: argparse.Namespace) -> None:
     refresh_ideals(results)
     images = plot(results, args.img_dir)
-    write_section(args.docs_file, markdown(results, images, args.docs_file))
-    print(f"wrote {args.docs_file} and {len(images)} plot(s) in {args.img_dir}", flush=True)
+    write_section(args.docs_file, summary(results, args.details_file, args.docs_file))
+    args.details_file.write_text(details_page(results, images, args.details_file) + "\n")
+    print(f"wrote {args.docs_file}, {args.details_file} and {len(images)} plot(s) in {args.img_dir}", flush=True)
 
 
 def main(args: argparse.Namespace) -> int:

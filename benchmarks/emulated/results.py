@@ -105,10 +105,12 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     it all has (in the place of the first of them), and those are listed in ``superseded`` (a
     cell is re-measured after a change that affects it; both stay on record in their files).
     Groups of one cell with other configurations (e.g. the policies measured apart) are kept.
+    Files are taken in the order they were measured (``meta.started``), whatever order they are
+    given in.
     """
     merged: dict[str, Any] = {"format": FORMAT, "sources": [], "workloads": {}, "groups": [], "not_run": [],
                               "superseded": []}
-    for part in parts:
+    for part in sorted(parts, key=lambda part: part["meta"].get("started", "")):
         merged["sources"].append(part["meta"])
         for name, workload in part["workloads"].items():
             if merged["workloads"].setdefault(name, workload) != workload:
