@@ -20,6 +20,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.emulated",
     "benchmarks.soak",
     "benchmarks.overhead",
+    "benchmarks.plan_study",
 )
 
 

@@ -6,14 +6,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bytesched.cli import main as cli
-from bytesched.core.config import SIMULATED_POLICIES, ConfigError, SchedulingParams
-from bytesched.sim import Cluster, Layer, ModelProfile, Tensor, WorkerSpec, parse_bandwidth, parse_duration, simulate
+from bytesched.core.config import SIMULATED_POLICIES, UNLIMITED, ConfigError, SchedulingParams
+from bytesched.sim import (Cluster, Layer, ModelProfile, Tensor, WorkerSpec, load_profile, parse_bandwidth,
+                           parse_duration, simulate)
 from bytesched.sim.options import make_cluster
+from bytesched.sim.plan import candidate_sizes, make_plan
 from bytesched.sim.predict import tuning_grid
+from bytesched.sim.simulator import run
 
 from conftest import REPO_ROOT
 
@@ -53,7 +57,7 @@ def test_cluster_options_are_parsed_and_checked() -> None:
 def test_simulate_api_every_policy_against_vanilla() -> None:
     report = simulate("resnet50", arch="allreduce", workers=8, bandwidth="10Gbps", partition="8MB", credit="32MB")
     (prediction,) = report.predictions
-    assert [r.policy for r in prediction.results] == ["vanilla", *SIMULATED_POLICIES]
+    assert [r.policy for r in prediction.results] == ["vanilla", *SIMULATED_POLICIES, "plan"]
     vanilla = prediction.vanilla
     assert vanilla.speedup == 1.0
     for r in prediction.results:
@@ -105,6 +109,32 @@ def test_tuning_picks_the_best_of_the_grid() -> None:
     assert len(tuning_grid()) == 24
     with pytest.raises(ConfigError, match="do not also give"):
         simulate("vgg16", tune=True, partition="4MB")
+
+
+@pytest.mark.parametrize("case", [
+    dict(profile="vgg16", arch="ps", workers=16, bandwidth="10Gbps"),      # the defaults lose here (0.31x)
+    dict(profile="transformer", arch="ps", workers=8, bandwidth="25Gbps"),
+    dict(profile="resnet50", arch="allreduce", workers=64, bandwidth="25Gbps"),
+    dict(profile="vgg16", arch="allreduce", workers=4, bandwidth="100Gbps"),  # communication hides anyway
+])
+def test_the_plan_is_the_fastest_candidate_and_stays_out_of_the_way_without_a_gain(case: dict[str, Any]) -> None:
+    """The plan runs fifo unless a sized candidate is predicted more than 1 % faster, and then the
+    fastest of them; its row in the report is that configuration's run."""
+    profile, cluster = load_profile(case["profile"]), make_cluster(None, **{k: v for k, v in case.items() if k != "profile"})
+    chosen = make_plan(profile, cluster)
+    def short(policy: str, params: SchedulingParams) -> float:
+        return run(profile, cluster, policy, params, iterations=1, warmup=1).iteration_time
+    fifo = short("fifo", SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=UNLIMITED))
+    best = min(short("bytescheduler", p) for p in candidate_sizes())
+    if best < 0.99 * fifo:
+        assert chosen.policy == "bytescheduler" and chosen.search_iteration_time == best
+    else:
+        assert chosen.policy == "fifo" and chosen.params.partition_bytes == UNLIMITED
+    prediction = simulate(case["profile"], policies="fifo,bytescheduler,plan", **{k: v for k, v in case.items()
+                                                                                   if k != "profile"}).predictions[0]
+    plan_row = prediction.result("plan")
+    assert plan_row.iteration_time == run(profile, cluster, chosen.policy, chosen.params).iteration_time
+    assert plan_row.iteration_time <= prediction.result("fifo").iteration_time
 
 
 def test_simulate_command_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

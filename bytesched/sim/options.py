@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.config import SIMULATED_POLICIES, ConfigError, SchedulingParams, format_size, parse_size
 from .cluster import Cluster, WorkerSpec, format_bandwidth, parse_bandwidth, parse_duration, parse_worker_spec
+from .plan import PLAN
 from .simulator import VANILLA
 
 _BANDWIDTH_FIELDS = ("bandwidth", "server_bandwidth")
@@ -73,13 +74,15 @@ def _size(value: str | float, name: str) -> float:
 
 
 def policy_names(policies: Iterable[str] | str | None) -> list[str]:
-    """Policy names from a list or a comma-separated string; None means every policy."""
+    """Policy names from a list or a comma-separated string; None means every policy and the
+    plan (what a job runs with no settings, :mod:`.plan`)."""
     if policies is None:
-        return list(SIMULATED_POLICIES)
+        return [*SIMULATED_POLICIES, PLAN]
     names = [p.strip() for p in (policies.split(",") if isinstance(policies, str) else policies) if p.strip()]
-    unknown = [p for p in names if p not in SIMULATED_POLICIES and p != VANILLA]
+    unknown = [p for p in names if p not in SIMULATED_POLICIES and p not in (VANILLA, PLAN)]
     if unknown:
-        raise ConfigError(f"policy {unknown[0]!r} is unknown: expected some of {', '.join(SIMULATED_POLICIES)}")
+        raise ConfigError(f"policy {unknown[0]!r} is unknown: expected some of "
+                          f"{', '.join([*SIMULATED_POLICIES, PLAN])}")
     return names
 
 

@@ -17,6 +17,7 @@ from ..core.policies import CreditPolicy, make_policy
 from .cluster import Cluster, format_bandwidth
 from .engine import EventLoop
 from .options import format_value, make_cluster, make_params, parse_sweep, policy_names
+from .plan import PLAN, candidate_sizes, make_plan
 from .profile import ModelProfile, load_profile
 from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, make_fabric, run
 
@@ -154,14 +155,20 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
             tune: bool | Sequence[SchedulingParams] = False) -> Prediction:
     """Run vanilla and every policy in ``policies`` on ``cluster``; with ``tune``, each policy
     that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
-    the given candidates) instead of ``params``."""
+    the given candidates) instead of ``params``. :data:`~.plan.PLAN` runs what
+    :func:`~.plan.make_plan` chooses."""
     grid = tuning_grid() if tune is True else list(tune or [])
     runs = []
     for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
         started = time.perf_counter()
-        candidates = grid if grid and _has_credit(name) else [params]
-        outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
-                      key=lambda r: r.iteration_time)
+        if name == PLAN:
+            chosen = make_plan(profile, cluster)
+            outcome = replace(run(profile, cluster, chosen.policy, chosen.params, iterations=iterations,
+                                  warmup=warmup), policy=PLAN)
+        else:
+            candidates = grid if grid and _has_credit(name) else [params]
+            outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
+                          key=lambda r: r.iteration_time)
         runs.append((outcome, time.perf_counter() - started))
     prediction = Prediction(profile, cluster, _compute_time(profile, cluster), _communication_time(profile, cluster), [])
     vanilla = runs[0][0].iteration_time
@@ -172,16 +179,11 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
     return prediction
 
 
-TUNING_PARTITIONS = (1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000, 32_000_000)
-TUNING_CREDIT_FACTORS = (1, 2, 4, 8)
-
-
 def tuning_grid() -> list[SchedulingParams]:
-    """What ``--tune`` tries: partitions of 1 to 32 MB, credits of 1 to 8 partitions. The
-    paper's speedups are with auto-tuned parameters, and so are the predictions with ``--tune``
-    (an exhaustive grid, where the runtime tuner uses Bayesian optimisation)."""
-    return [SchedulingParams(partition_bytes=p, credit_bytes=p * k)
-            for p in TUNING_PARTITIONS for k in TUNING_CREDIT_FACTORS]
+    """What ``--tune`` tries: the plan's candidates, partitions of 1 to 32 MB and credits of 1 to
+    8 partitions. The paper's speedups are with auto-tuned parameters, and so are the predictions
+    with ``--tune`` (an exhaustive grid, where the runtime tuner uses Bayesian optimisation)."""
+    return candidate_sizes()
 
 
 def _has_credit(policy: str) -> bool:

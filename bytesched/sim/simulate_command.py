@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..core.config import SIMULATED_POLICIES, ConfigError
+from .plan import PLAN
 from .cluster import ARCHS, ASSIGNMENTS, TOPOLOGIES
 from .options import SWEEPABLE
 from .predict import simulate
@@ -38,9 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
     p.add_argument("--bucket-bytes", help="bytesched's tensor fusion of scheduled all-reduce "
                    "(BYTESCHED_FUSION_BYTES of the PyTorch plugin and MXNet over Horovod, e.g. 1MB; default: none)")
-    p.add_argument("--policy", default=",".join(SIMULATED_POLICIES),
+    p.add_argument("--policy", default=",".join([*SIMULATED_POLICIES, PLAN]),
                    help=f"comma-separated policies (default all: {','.join(SIMULATED_POLICIES)}; tictac is "
-                        "simulator-only); vanilla always runs")
+                        f"simulator-only) and {PLAN} (the sizes a job gets with no settings, chosen by "
+                        "simulating it); vanilla always runs")
     p.add_argument("--partition", help="partition size, e.g. 4MB (default: each policy's own)")
     p.add_argument("--credit", help="credit size, e.g. 16MB (default 16MB)")
     p.add_argument("--tune", action="store_true",
