@@ -9,9 +9,10 @@ two ranks on one device), or NCCL with one GPU each when there are two or more. 
    and crossing the barrier, under deterministic kernels, with partitions small enough to split
    every large gradient. Two-rank sums are exact, so the parameters must be bit-identical.
 2. *Speed*: per model, milliseconds per iteration of DistributedDataParallel, of bytesched in
-   barrier mode and of bytesched crossing the barrier, on the same ranks one after the other:
-   the median over rounds of the mean over a round's iterations (a crossing iteration ends before
-   its updates land, so single iterations cannot be timed; each round ends once they landed).
+   barrier mode and of bytesched crossing the barrier, each on its own copy of the model, in
+   interleaved rounds (every round runs each once, in a rotating order): the median over rounds
+   of the mean over a round's iterations (a crossing iteration ends before its updates land, so
+   single iterations cannot be timed; each round ends once they landed).
 
 On a CPU (``--device cpu``) the same runs on the CPU, where it is the check's own test.
 """
@@ -243,57 +244,78 @@ def _build(name: str) -> tuple[nn.Module, Callable[[int, Any], tuple[torch.Tenso
 from bytesched.check_gpu import MODELS as _MODELS
 
 
+CONFIGURATIONS = ("ddp", "barrier", "cross")
+
+
+class _Named(nn.Module):
+    """``model`` under the name ``prefix``, so that the copies timed side by side have parameter
+    (and so CommTask) names of their own on the one Core they share."""
+
+    def __init__(self, prefix: str, model: nn.Module) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.add_module(prefix, model)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.prefix)(*inputs)
+
+
 def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str, Any]:
-    """Median ms per iteration of DDP, barrier mode and crossing the barrier on model ``name``."""
+    """Median ms per iteration of DDP, barrier mode and crossing the barrier on model ``name``,
+    each on its own copy of the model, in interleaved rounds (a rotating order per round)."""
     torch.manual_seed(0)
     base, make_inputs = _build(name)
     base = base.to(device)
     inputs = make_inputs(options.batch, device)
-    result: dict[str, Any] = {"model": name, "batch": options.batch, "gradients": len(list(base.parameters()))}
-    for config in ("ddp", "barrier", "cross"):
-        model = copy.deepcopy(base)
-        sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        if config == "ddp":
-            net: nn.Module = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-            optimizer: Any = sgd
-        else:
-            net, optimizer = model, ScheduledOptimizer(model, sgd, cross_barrier=config == "cross")
-        try:
-            result[f"{config}_ms"] = _time_iterations(net, optimizer, inputs, device, options)
-        finally:
+    runs: dict[str, tuple[nn.Module, Any]] = {}
+    try:
+        for config in CONFIGURATIONS:
+            model = _Named(config, copy.deepcopy(base))
+            sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+            if config == "ddp":
+                ids = [device] if device.type == "cuda" else None
+                runs[config] = (nn.parallel.DistributedDataParallel(model, device_ids=ids), sgd)
+            else:
+                runs[config] = (model, ScheduledOptimizer(model, sgd, cross_barrier=config == "cross"))
+        for net, optimizer in runs.values():
+            _iterations(net, optimizer, inputs, options.warmup)
+            _landed(optimizer, device)
+        times: dict[str, list[float]] = {config: [] for config in CONFIGURATIONS}
+        for round_ in range(options.rounds):
+            for config in CONFIGURATIONS[round_ % 3:] + CONFIGURATIONS[:round_ % 3]:
+                net, optimizer = runs[config]
+                dist.barrier()
+                start = time.perf_counter()
+                _iterations(net, optimizer, inputs, options.steps)
+                _landed(optimizer, device)
+                times[config].append((time.perf_counter() - start) / options.steps * 1e3)
+    finally:
+        for _, optimizer in runs.values():
             if isinstance(optimizer, ScheduledOptimizer):
                 optimizer.close()
-        del net, model, optimizer, sgd
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    result: dict[str, Any] = {"model": name, "batch": options.batch, "gradients": len(list(base.parameters())),
+                              **{f"{config}_ms": statistics.median(times[config]) for config in CONFIGURATIONS}}
     for config in ("barrier", "cross"):
         result[f"{config}_vs_ddp"] = result["ddp_ms"] / result[f"{config}_ms"]
+    del runs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return result
 
 
-def _time_iterations(net: nn.Module, optimizer: Any, inputs: tuple[torch.Tensor, ...], device: torch.device,
-                     options: CheckOptions) -> float:
-    def iterations(count: int) -> None:
-        for _ in range(count):
-            optimizer.zero_grad(set_to_none=True)
-            net(*inputs).float().mean().backward()
-            optimizer.step()
+def _iterations(net: nn.Module, optimizer: Any, inputs: tuple[torch.Tensor, ...], count: int) -> None:
+    for _ in range(count):
+        optimizer.zero_grad(set_to_none=True)
+        net(*inputs).float().mean().backward()
+        optimizer.step()
 
-    def landed() -> None:
-        if isinstance(optimizer, ScheduledOptimizer):
-            optimizer.synchronize()
-        _sync(device)
 
-    iterations(options.warmup)
-    rounds = []
-    for _ in range(options.rounds):
-        landed()
-        dist.barrier()
-        start = time.perf_counter()
-        iterations(options.steps)
-        landed()
-        rounds.append((time.perf_counter() - start) / options.steps * 1e3)
-    return statistics.median(rounds)
+def _landed(optimizer: Any, device: torch.device) -> None:
+    """Every update of the iterations so far has been applied (crossing the barrier, step()
+    returns before that) and the device has run it."""
+    if isinstance(optimizer, ScheduledOptimizer):
+        optimizer.synchronize()
+    _sync(device)
 
 
 # -- report ---------------------------------------------------------------------------------------
