@@ -1,11 +1,13 @@
 """``python -m benchmarks overhead``: what bytesched costs per tensor, with and without tensor fusion.
 
 A model of many small tensors (``--layers`` dense layers of ``--width`` x ``--width``: two tensors
-each) and almost no compute is trained on 2 Horovod ranks over the unshaped loopback, so the step
-time is the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. Each
-round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer alone),
-``unfused`` (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor) and ``fused``
-(bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB). Reported per
+each) and almost no compute is trained on 2 ranks over the unshaped loopback, so the step time is
+the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. The stacks:
+``mxnet`` and ``torch`` over Horovod, and ``torch-distributed`` (torchrun, Gloo). Each round runs
+one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer alone, or
+DistributedDataParallel for torch-distributed), ``unfused`` (bytesched,
+``BYTESCHED_FUSION_BYTES=1``: one task per tensor) and ``fused`` (bytesched with the environment's
+``BYTESCHED_FUSION_BYTES``, by default 1 MB). Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor. The emulated-network
 benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
@@ -19,16 +21,18 @@ import json
 import os
 import re
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from .provenance import revision
 from .horovod_jobs import end_job, horovodrun_argv
+from .provenance import revision
 
-FRAMEWORKS = ("mxnet", "torch")
+FRAMEWORKS = ("mxnet", "torch", "torch-distributed")
 MODES = {"plain": None, "unfused": "1", "fused": None}
 """Each mode and the ``BYTESCHED_FUSION_BYTES`` its job runs with (None: as the environment says)."""
 RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+)")
@@ -98,6 +102,38 @@ def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
     return time.perf_counter() - began
 
 
+def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
+    """Seconds of ``steps`` training steps of the PyTorch model over torch.distributed (under
+    torchrun) after ``warmup`` more: DDP when not ``scheduled``."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if scheduled:
+        from bytesched.plugins.torch import ScheduledOptimizer
+        net, optimizer = model, ScheduledOptimizer(model, sgd)
+    else:
+        net, optimizer = nn.parallel.DistributedDataParallel(model), sgd
+    x = torch.ones(8, width)
+    for step in range(warmup + steps):
+        if step == warmup:
+            if scheduled:
+                optimizer.synchronize()
+            dist.barrier()
+            began = time.perf_counter()
+        optimizer.zero_grad()
+        net(x).sum().backward()
+        optimizer.step()
+    if scheduled:
+        optimizer.synchronize()
+    return time.perf_counter() - began
+
+
 def _worker_main() -> int:
     parser = argparse.ArgumentParser(description="one rank of python -m benchmarks overhead (run by horovodrun)")
     parser.add_argument("framework", choices=FRAMEWORKS)
@@ -105,9 +141,9 @@ def _worker_main() -> int:
     for name in ("layers", "width", "steps", "warmup"):
         parser.add_argument(f"--{name}", type=int, required=True)
     args = parser.parse_args()
-    run = _mxnet_steps if args.framework == "mxnet" else _torch_steps
+    run = {"mxnet": _mxnet_steps, "torch": _torch_steps, "torch-distributed": _distributed_steps}[args.framework]
     seconds = run(args.mode != "plain", args.layers, args.width, args.steps, args.warmup)
-    if os.environ.get("HOROVOD_RANK", "0") == "0":
+    if os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")) == "0":
         print(f"OVERHEAD ms_per_step={seconds / args.steps * 1e3:.3f}", flush=True)
     return 0
 
@@ -116,9 +152,12 @@ def _worker_main() -> int:
 
 def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
     """One 2-rank job; its milliseconds per step (SystemExit naming the job if it failed)."""
-    argv = horovodrun_argv(2, "benchmarks.overhead",
-                           [framework, mode, "--layers", str(args.layers), "--width", str(args.width),
-                            "--steps", str(args.steps), "--warmup", str(args.warmup)])
+    worker_args = [framework, mode, "--layers", str(args.layers), "--width", str(args.width),
+                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if framework == "torch-distributed":
+        argv = _torchrun_argv(2, "benchmarks.overhead", worker_args)
+    else:
+        argv = horovodrun_argv(2, "benchmarks.overhead", worker_args)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if MODES[mode] is not None:
         env["BYTESCHED_FUSION_BYTES"] = MODES[mode]
@@ -136,6 +175,16 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
         raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
     return float(found.group(1))
+
+
+def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
+    """``python -m module worker_args`` on ``ranks`` local ranks under the torchrun next to this
+    interpreter, on a free port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    return [str(torchrun), "--nproc-per-node", str(ranks), "--master-port", str(port), "-m", module, *worker_args]
 
 
 def summarize(times: dict[str, dict[str, list[float]]], tensors: int) -> dict[str, Any]:
@@ -188,9 +237,10 @@ def main(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``overhead`` benchmark to ``python -m benchmarks``."""
-    parser = subparsers.add_parser("overhead", help="per-tensor cost of bytesched over Horovod, fused and not",
+    parser = subparsers.add_parser("overhead", help="per-tensor cost of bytesched over Horovod and DDP, fused and not",
                                    description=__doc__.split("\n\n")[1] if __doc__ else None)
-    parser.add_argument("--frameworks", default="mxnet,torch", help="mxnet and/or torch (default both)")
+    parser.add_argument("--frameworks", default="mxnet,torch",
+                        help="of mxnet, torch (both over Horovod) and torch-distributed (default mxnet,torch)")
     parser.add_argument("--layers", type=int, default=94, help="dense layers, two tensors each (default 94: "
                         "188 tensors, as the emulated Transformer)")
     parser.add_argument("--width", type=int, default=64, help="layer width (default 64: 16 KB matrices)")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks overhead`` runs its Horovod jobs end to end (timings are not asserted: they
+"""``python -m benchmarks overhead`` runs its jobs end to end (timings are not asserted: they
 belong in docs/benchmarks.md, measured on a quiet machine)."""
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
-def test_every_mode_runs_on_two_horovod_ranks() -> None:
-    require("horovod.mxnet", "Horovod built with MXNet")
-    result = run_job([sys.executable, "-m", "benchmarks", "overhead", "--frameworks", "mxnet",
+@pytest.mark.parametrize("framework", ["mxnet", "torch-distributed"])
+def test_every_mode_runs_on_two_ranks(framework: str) -> None:
+    """MXNet over Horovod (horovodrun), and PyTorch over torch.distributed against DDP (torchrun)."""
+    if framework == "mxnet":
+        require("horovod.mxnet", "Horovod built with MXNet")
+    result = run_job([sys.executable, "-m", "benchmarks", "overhead", "--frameworks", framework,
                       "--layers", "3", "--steps", "2", "--warmup", "1", "--rounds", "1", "--json"], timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(result.stdout[result.stdout.index("{"):])
     assert report["tensors"] == 6 and report["command"].startswith("python -m benchmarks overhead")
-    assert set(report["runs"]["mxnet"]) == {"plain", "unfused", "fused"}
-    assert all(len(times) == 1 and times[0] > 0 for times in report["runs"]["mxnet"].values())
+    assert set(report["runs"][framework]) == {"plain", "unfused", "fused"}
+    assert all(len(times) == 1 and times[0] > 0 for times in report["runs"][framework].values())
