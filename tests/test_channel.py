@@ -24,6 +24,8 @@ from bytesched.core import Config, Core, SchedulingParams, SubTask
 from bytesched.core.channel import (MAX_ORDER_KEYS, ChannelError, ChannelFollower, ChannelLeader, FrameCodec,
                                     MessageType, Rejected, decode_order, decode_typed, encode_order,
                                     encode_typed, open_channel)
+from bytesched.core.channel.protocol import (decode_hello, decode_lost, decode_welcome, encode_hello, encode_lost,
+                                             encode_welcome)
 from bytesched.launch.ps import free_port
 
 from coretools import BufferTask
@@ -344,7 +346,7 @@ messages = st.one_of(frames.map(lambda f: [f]), st.lists(frames, min_size=2, max
 @settings(deadline=None)  # timing is not what is tested; a loaded machine must not fail it
 @given(st.binary(max_size=2000))
 def test_codec_and_decoders_reject_garbage_with_rejected_only(data: bytes) -> None:
-    for parse in (CODEC.open, decode_order, decode_typed):
+    for parse in (CODEC.open, decode_order, decode_typed, decode_hello, decode_welcome, decode_lost):
         try:
             parse(data)
         except Rejected:
@@ -369,6 +371,16 @@ NAMES = st.one_of(st.sampled_from(["conv1.weight", "fc.bias", "é" * 300]), st.t
 def test_order_encoding_round_trips(keys: list[Key]) -> None:
     decoded = [key for payload in encode_order(keys) for key in decode_order(payload)]
     assert decoded == keys
+
+
+def test_handshake_and_lost_payloads_round_trip_without_sockets() -> None:
+    assert decode_hello(encode_hello(3, 8)) == (3, 8)
+    assert decode_welcome(encode_welcome(8)) == 8
+    assert decode_lost(encode_lost(2, "silent for 60 s")) == (2, "silent for 60 s")
+    assert len(encode_lost(1, "x" * 5000)) == 4 + 1024  # the reason is cut to MAX_NAME_BYTES
+    for decode, short in ((decode_hello, b"\0" * 7), (decode_welcome, b"\0" * 3), (decode_lost, b"\0")):
+        with pytest.raises(Rejected, match="malformed"):
+            decode(short)
 
 
 def check_junk_rejected_and_logged_once(end: ChannelLeader | ChannelFollower, sent: int, before: int,

@@ -1,11 +1,6 @@
-"""The rank-0 channel: rank 0 (the leader) tells the other ranks (the followers) what it decided.
+"""The rank-0 channel's transport: one ZeroMQ socket and one I/O thread per end.
 
-Rank 0 decides the start order of sub-tasks and followers in ``rank0`` order mode start exactly
-that order (paper §3.2, rank-0 ordering). The same channel carries small typed broadcasts from
-rank 0 (the tuner's partition, credit and switch step) and reports from followers back to rank 0
-(:meth:`ChannelFollower.report`, :meth:`ChannelLeader.gather`).
-
-Transport. Rank 0 binds one ZeroMQ ROUTER socket to ``BYTESCHED_CHANNEL_HOST:PORT`` (that
+Rank 0 binds one ZeroMQ ROUTER socket to ``BYTESCHED_CHANNEL_HOST:PORT`` (that
 interface only); each follower connects a DEALER to it and says hello. When the port is not set,
 rank 0 binds a free port and :func:`open_channel` hands it to the followers through the caller's
 ``share_port`` collective (the plugin's backend broadcast), so two jobs on one host never collide;
@@ -16,25 +11,9 @@ socket and sleeps in a blocking poll; other threads hand it messages through a q
 wake-up socket. Sends never block: queues have no high-water mark and a stuck peer is caught by
 the liveness check below, not by back-pressure on the Core thread.
 
-Wire format, one ZeroMQ frame per message (no pickle anywhere)::
-
-    magic b"BSch" | version u8 | type u8 | sequence u64 | payload | MAC (16 bytes)
-
-- MAC: keyed BLAKE2b of everything before it, keyed with the job token (``BYTESCHED_JOB_TOKEN``,
-  or derived from the launcher's rendezvous, see :func:`~bytesched.core.config.launcher_job_token`).
-  The token itself never travels. It keeps out whoever does not know it (stale processes, another
-  job on the same port, scanners); it does not encrypt, and a derived token is no secret.
-- sequence: per direction and peer, counting from 0, so a replayed, lost or reordered message is
-  rejected.
-- payload: HELLO ``rank, world_size`` (u32 each); WELCOME ``world_size``; ORDER a table of the
-  distinct tensor names then three arrays (name index u16, instance u32, partition index u32),
-  at most :data:`MAX_ORDER_KEYS` keys per message; BROADCAST and REPORT a kind (a short
-  lower-case name) and a JSON object; HEARTBEAT, BYE and BYE_ACK nothing.
-
-Anything else (another token, bad magic or version, truncated, out of sequence, unexpected,
-malformed) is rejected, counted in ``rejected`` and logged: the first one, then at most one
-summary every :data:`REJECT_LOG_INTERVAL_S`. It never reaches a subscriber and never stops the
-channel. Oversized messages do not even arrive: ZeroMQ's MAXMSGSIZE disconnects their sender.
+A rejected message (:class:`~.protocol.Rejected`) is counted in ``rejected`` and logged: the
+first one, then at most one summary every :data:`REJECT_LOG_INTERVAL_S`. Oversized messages do not
+even arrive: ZeroMQ's MAXMSGSIZE disconnects their sender.
 
 Liveness: both ends send a heartbeat every :data:`HEARTBEAT_S` (at most a quarter of the
 timeout); a peer silent for ``BYTESCHED_FAULT_TIMEOUT_S`` or ``BYTESCHED_CHANNEL_TIMEOUT_S``,
@@ -51,37 +30,27 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-import hmac
-import json
 import logging
 import math
-import re
 import socket
-import struct
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import zmq
 
-from .config import Config
-from .policies.follow import SubTaskKey
+from ..config import Config
+from ..policies.follow import SubTaskKey
+from .protocol import (_FROM_FOLLOWER, _FROM_LEADER, _ORDER_KIND, MAX_FRAME_BYTES, ChannelError, FrameCodec,
+                       MessageType, PeerLost, Rejected, check_kind, decode_hello, decode_lost, decode_order,
+                       decode_typed, decode_welcome, encode_hello, encode_lost, encode_order, encode_typed,
+                       encode_welcome)
 
 log = logging.getLogger("bytesched")
 
-MAGIC = b"BSch"
-VERSION = 1
-MAC_BYTES = 16
-MAX_FRAME_BYTES = 1 << 20
-"""Largest message accepted; ZeroMQ disconnects a peer that sends a bigger one."""
-MAX_NAME_BYTES = 1024
-"""Longest tensor name (UTF-8) in an order announcement."""
-MAX_ORDER_KEYS = 512
-"""Keys per ORDER message; a longer announcement is split (512 of the longest names fit a frame)."""
 MAX_BACKLOG = 100_000
 """Messages held for a kind nobody subscribed to yet (or reports not gathered yet)."""
 HEARTBEAT_S = 1.0
@@ -89,199 +58,6 @@ DEFAULT_PORT = 29517
 """Rank 0's port when BYTESCHED_CHANNEL_PORT is unset and the caller cannot share a free one."""
 CLOSE_TIMEOUT_S = 2.0
 REJECT_LOG_INTERVAL_S = 10.0
-
-_HEADER = struct.Struct("<4sBBQ")
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
-_HELLO = struct.Struct("<II")
-_KIND_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}\Z")
-_ORDER_KIND = "_order"  # internal: user kinds match _KIND_RE, so they never start with "_"
-_MAX_JSON_DEPTH = 32
-
-
-class MessageType(enum.IntEnum):
-    """The type byte of a frame."""
-
-    HELLO = 1
-    WELCOME = 2
-    ORDER = 3
-    BROADCAST = 4
-    REPORT = 5
-    HEARTBEAT = 6
-    BYE = 7
-    BYE_ACK = 8
-    LOST = 9
-
-
-_FROM_LEADER = frozenset({MessageType.ORDER, MessageType.BROADCAST, MessageType.HEARTBEAT, MessageType.BYE,
-                          MessageType.BYE_ACK, MessageType.LOST})  # once the follower was welcomed
-_FROM_FOLLOWER = frozenset({MessageType.REPORT, MessageType.HEARTBEAT, MessageType.BYE, MessageType.BYE_ACK})
-
-
-class ChannelError(RuntimeError):
-    """The rank-0 channel cannot do what was asked (peer missing or lost, bad set-up, misuse)."""
-
-
-class PeerLost(ChannelError):
-    """A rank of the job stopped answering: it died, hangs, or lost the network."""
-
-    def __init__(self, lost_rank: int, message: str) -> None:
-        super().__init__(message)
-        self.lost_rank = lost_rank
-
-
-class Rejected(ValueError):
-    """A received frame is not a valid message of this job; the reason is logged, not raised."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Frames and payloads.
-
-
-class FrameCodec:
-    """Seals frames with the job token and opens (validates) received ones."""
-
-    def __init__(self, token: str) -> None:
-        if not token:
-            raise ChannelError(
-                "the rank-0 channel needs a job token shared by every rank: set BYTESCHED_JOB_TOKEN "
-                "to the same value on all ranks, or start the job with horovodrun, torchrun or "
-                "bytesched launch, whose rendezvous it is then derived from")
-        self._key = hashlib.sha256(b"bytesched-channel\0" + token.encode()).digest()
-
-    def _mac(self, data: bytes) -> bytes:
-        return hashlib.blake2b(data, key=self._key, digest_size=MAC_BYTES).digest()
-
-    def seal(self, mtype: MessageType, seq: int, payload: bytes = b"") -> bytes:
-        """The frame carrying ``payload`` as message number ``seq`` of its direction."""
-        data = _HEADER.pack(MAGIC, VERSION, mtype, seq) + payload
-        return data + self._mac(data)
-
-    def open(self, frame: bytes) -> tuple[MessageType, int, bytes]:
-        """``(type, sequence, payload)`` of an authentic frame; :class:`Rejected` otherwise."""
-        if len(frame) < _HEADER.size + MAC_BYTES:
-            raise Rejected(f"a {len(frame)}-byte frame is shorter than any channel message")
-        if len(frame) > MAX_FRAME_BYTES:
-            raise Rejected(f"a {len(frame)}-byte frame exceeds {MAX_FRAME_BYTES} bytes")
-        data, mac = frame[:-MAC_BYTES], frame[-MAC_BYTES:]
-        magic, version, mtype, seq = _HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise Rejected("not a bytesched channel message (bad magic)")
-        if version != VERSION:
-            raise Rejected(f"channel protocol version {version}, this rank speaks {VERSION}")
-        if not hmac.compare_digest(mac, self._mac(data)):
-            raise Rejected("authentication failed: another job's token, or a corrupted message")
-        try:
-            return MessageType(mtype), seq, data[_HEADER.size:]
-        except ValueError:
-            raise Rejected(f"unknown message type {mtype}") from None
-
-
-def encode_order(keys: Sequence[SubTaskKey]) -> list[bytes]:
-    """ORDER payloads for ``keys`` (in order), split every :data:`MAX_ORDER_KEYS` keys."""
-    return [_encode_order_chunk(keys[i:i + MAX_ORDER_KEYS]) for i in range(0, len(keys), MAX_ORDER_KEYS)]
-
-
-def _encode_order_chunk(keys: Sequence[SubTaskKey]) -> bytes:
-    table: dict[str, int] = {}
-    name_index = [table.setdefault(name, len(table)) for name, _, _ in keys]
-    parts = [_U16.pack(len(table))]
-    for name in table:
-        raw = name.encode()
-        if not 0 < len(raw) <= MAX_NAME_BYTES:
-            raise ValueError(f"tensor name {name[:80]!r}... is {len(raw)} bytes in UTF-8; the rank-0 "
-                             f"channel carries names of 1 to {MAX_NAME_BYTES} bytes")
-        parts += (_U16.pack(len(raw)), raw)
-    n = len(keys)
-    try:
-        parts += (_U32.pack(n), struct.pack(f"<{n}H", *name_index),
-                  struct.pack(f"<{n}I", *[k[1] for k in keys]), struct.pack(f"<{n}I", *[k[2] for k in keys]))
-    except struct.error:
-        raise ValueError(f"an instance or partition index in {keys[:3]}... is not in 0..2**32-1") from None
-    return b"".join(parts)
-
-
-def decode_order(payload: bytes) -> list[SubTaskKey]:
-    """The keys of an ORDER payload; :class:`Rejected` if it is malformed."""
-    try:
-        (n_names,) = _U16.unpack_from(payload, 0)
-        offset = _U16.size
-        names = []
-        for _ in range(n_names):
-            (length,) = _U16.unpack_from(payload, offset)
-            offset += _U16.size
-            if not 0 < length <= MAX_NAME_BYTES or offset + length > len(payload):
-                raise Rejected(f"order: a name of {length} bytes does not fit")
-            names.append(payload[offset:offset + length].decode("utf-8"))
-            offset += length
-        (n,) = _U32.unpack_from(payload, offset)
-        offset += _U32.size
-        if not 0 < n <= MAX_ORDER_KEYS or len(payload) - offset != 10 * n:
-            raise Rejected(f"order: {n} keys do not match a {len(payload)}-byte payload")
-        name_index = struct.unpack_from(f"<{n}H", payload, offset)
-        instances = struct.unpack_from(f"<{n}I", payload, offset + 2 * n)
-        indices = struct.unpack_from(f"<{n}I", payload, offset + 6 * n)
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise Rejected(f"order: malformed payload ({exc})") from None
-    if max(name_index) >= n_names:
-        raise Rejected(f"order: name index {max(name_index)} out of a table of {n_names}")
-    return list(zip([names[i] for i in name_index], instances, indices))
-
-
-def check_kind(kind: str) -> None:
-    """A broadcast or report kind is a short lower-case name (``params``, ``checksum.step``...)."""
-    if not isinstance(kind, str) or not _KIND_RE.match(kind):
-        raise ValueError(f"message kind {kind!r} must match {_KIND_RE.pattern} (a short lower-case name)")
-
-
-def _check_json(value: Any, where: str, depth: int = 0) -> None:
-    """``value`` round-trips through JSON unchanged: a receiver gets exactly what was sent."""
-    if depth > _MAX_JSON_DEPTH:
-        raise ValueError(f"{where} nests deeper than {_MAX_JSON_DEPTH} levels")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{where} has the key {key!r}: JSON object keys must be str")
-            _check_json(item, f"{where}[{key!r}]", depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_json(item, f"{where}[{i}]", depth + 1)
-    elif value is not None and not isinstance(value, (str, int, float)):  # bool is an int
-        raise ValueError(f"{where} is a {type(value).__name__}: use JSON types (dict, list, str, "
-                         f"int, float, bool, None)")
-
-
-def encode_typed(kind: str, body: dict[str, Any]) -> bytes:
-    """BROADCAST/REPORT payload; ValueError naming the culprit if it is not a small JSON object."""
-    check_kind(kind)
-    if not isinstance(body, dict):
-        raise ValueError(f"the body of a {kind!r} message must be a dict, got {type(body).__name__}")
-    _check_json(body, f"body of {kind!r}")
-    data = json.dumps(body, separators=(",", ":")).encode()
-    payload = bytes([len(kind)]) + kind.encode() + data
-    if len(payload) > MAX_FRAME_BYTES - _HEADER.size - MAC_BYTES:
-        raise ValueError(f"the {kind!r} message is {len(payload)} bytes; the channel carries at most "
-                         f"{MAX_FRAME_BYTES - _HEADER.size - MAC_BYTES} (send small messages)")
-    return payload
-
-
-def decode_typed(payload: bytes) -> tuple[str, dict[str, Any]]:
-    """``(kind, body)`` of a BROADCAST/REPORT payload; :class:`Rejected` if malformed."""
-    if not payload or len(payload) < 1 + payload[0]:
-        raise Rejected("typed message: truncated kind")
-    try:
-        kind = payload[1:1 + payload[0]].decode("ascii")
-        check_kind(kind)
-        body = json.loads(payload[1 + payload[0]:])
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise Rejected(f"typed message: {exc}") from None
-    if not isinstance(body, dict):
-        raise Rejected(f"typed message {kind!r}: the body is not a JSON object")
-    return kind, body
-
-
-# ----------------------------------------------------------------------------------------------
-# The two ends.
 
 
 class _RejectLog:
@@ -713,14 +489,14 @@ class ChannelLeader(_Endpoint):
 
     def _on_hello(self, route: bytes, mtype: MessageType, seq: int, payload: bytes, now: float,
                   peer_address: str) -> None:
-        if mtype != MessageType.HELLO or seq != 0 or len(payload) != _HELLO.size:
+        if mtype != MessageType.HELLO or seq != 0:
             raise Rejected(f"a new connection must start with HELLO #0, got {mtype.name} #{seq}")
-        rank, world_size = _HELLO.unpack(payload)
+        rank, world_size = decode_hello(payload)
         peer = _Peer(rank, route, now, next_in=1)
         if world_size != self.world_size:  # answered, so that it fails with a clear error
             log.error("rank %d at %s was started for a job of %d ranks; rank 0 runs %d",
                       rank, peer_address, world_size, self.world_size)
-            self._send(peer, MessageType.WELCOME, _U32.pack(self.world_size))
+            self._send(peer, MessageType.WELCOME, encode_welcome(self.world_size))
             return
         if not 1 <= rank < self.world_size:
             raise Rejected(f"hello from rank {rank}, not in 1..{self.world_size - 1}")
@@ -729,7 +505,7 @@ class ChannelLeader(_Endpoint):
                 raise Rejected(f"a second hello from rank {rank} (two processes with one rank?)")
             self._peers[rank] = self._by_route[route] = peer
             self._changed.notify_all()
-        self._send(peer, MessageType.WELCOME, _U32.pack(self.world_size))
+        self._send(peer, MessageType.WELCOME, encode_welcome(self.world_size))
         log.debug("rank 0's channel: rank %d joined from %s", rank, peer_address)
 
     def _send_out(self, mtype: MessageType, payload: bytes) -> None:
@@ -750,7 +526,7 @@ class ChannelLeader(_Endpoint):
         return [p for _, p in sorted(self._peers.items()) if p.state != _PeerState.GONE]
 
     def _tell_others(self, error: PeerLost) -> None:
-        payload = _U32.pack(error.lost_rank) + str(error).encode()[:MAX_NAME_BYTES]
+        payload = encode_lost(error.lost_rank, str(error))
         for peer in list(self._peers.values()):
             if peer.rank != error.lost_rank and peer.state == _PeerState.JOINED:
                 self._send(peer, MessageType.LOST, payload)
@@ -782,7 +558,7 @@ class ChannelFollower(_Endpoint):
             raise ChannelError(f"rank {rank} cannot connect to {self.address} (BYTESCHED_CHANNEL_HOST/PORT): "
                                f"{exc.strerror}") from None
         self._thread.start()
-        self._post(MessageType.HELLO, _HELLO.pack(rank, world_size))  # queued until connected
+        self._post(MessageType.HELLO, encode_hello(rank, world_size))  # queued until connected
 
     def wait_for_leader(self, timeout: float | None = None) -> None:
         """Block until rank 0 welcomed this rank; ChannelError after ``timeout`` (default
@@ -860,18 +636,13 @@ class ChannelFollower(_Endpoint):
         elif mtype == MessageType.WELCOME:
             self._on_welcome(payload)
         elif mtype == MessageType.LOST:
-            if len(payload) < _U32.size:
-                raise Rejected("malformed LOST")
-            (lost,) = _U32.unpack_from(payload)
-            reason = payload[_U32.size:].decode("utf-8", "replace")
+            lost, reason = decode_lost(payload)
             self._fail(PeerLost(lost, f"rank {lost} was lost (rank 0 noticed: {reason})"))
         elif mtype in (MessageType.BYE, MessageType.BYE_ACK):
             self._on_goodbye(leader, mtype)
 
     def _on_welcome(self, payload: bytes) -> None:
-        if len(payload) != _U32.size:
-            raise Rejected("malformed WELCOME")
-        (world_size,) = _U32.unpack(payload)
+        world_size = decode_welcome(payload)
         if world_size != self.world_size:
             self._fail(ChannelError(f"rank 0 at {self.address} runs a job of {world_size} ranks, but rank "
                                     f"{self.rank} was started with world size {self.world_size}"))
@@ -952,9 +723,3 @@ def _lead_on_free_port(config: Config, world_size: int, on_failure: Callable[[Ch
         raise
     return leader
 
-
-__all__ = [
-    "ChannelError", "ChannelLeader", "ChannelFollower", "FrameCodec", "MessageType", "PeerLost", "Rejected",
-    "open_channel", "DEFAULT_PORT", "encode_order", "decode_order", "encode_typed", "decode_typed", "check_kind",
-    "MAX_FRAME_BYTES", "MAX_ORDER_KEYS", "MAX_NAME_BYTES",
-]
