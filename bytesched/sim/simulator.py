@@ -8,7 +8,7 @@ steady-state iteration time:
   as followers exactly as the runtime Core builds them (all-reduce: ``immediate``, since
   Horovod runs a collective once every rank submitted it; PS: ``rank0`` order, so that every
   worker's uplink carries rank 0's schedule, or ``immediate`` for a policy that never holds a
-  sub-task back, as :func:`~bytesched.core.policies.ps_order` decides);
+  sub-task back, as :func:`~bytesched.core.policies.order_mode` decides);
 - the backend is :class:`~bytesched.sim.allreduce.RingAllreduce` or
   :class:`~bytesched.sim.ps.ParameterServer` over a processor-sharing fabric;
 - ``vanilla`` is what frameworks do without bytesched: whole tensors in readiness order (the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..core.config import SchedulingParams
-from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Policy, make_policy, ps_order
+from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Policy, make_policy, order_mode
 from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
 from ..core.scheduler import Scheduler
 from ..core.task import SubTask, fusion_runs, split_elements
@@ -203,7 +203,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
                                              overhead=cluster.overhead, latency=cluster.latency))
 
-    follow_rank0 = cluster.arch == "ps" and not vanilla and ps_order(leader_policy) == "rank0"
+    need = "ps" if cluster.arch == "ps" else "immediate"  # all-reduce runs as over Horovod
+    follow_rank0 = not vanilla and order_mode(leader_policy, need=need, world_size=cluster.workers) == "rank0"
     workers: list[WorkerClass] = []
     for index, (spec, _ranks) in enumerate(classes):
         if index == 0:

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Protocol, Sequence
 
 from ..core.config import Config, SchedulingParams, format_size
-from ..core.policies import make_policy
+from ..core.policies import partition_size
 from .protocol import APPLIED, SWITCH, Applied, Switch, TuningProtocolError
 from .space import Point, SearchSpace, space_for
 from .tuner import ANNOUNCE_LEAD, Decider, FixedChoice, TrialPlan, Tuner
@@ -222,7 +222,7 @@ def make_session(config: Config, *, rank: int, world_size: int,
     space = space_for(arch, config.tuning_floor, model_bytes)
     # Trial 0: the configured sizes on the lattice, which every rank computes alike from its own
     # settings (rank 0 checks that through the confirmations). Loading only: rank 0's message.
-    default_partition = make_policy(config.policy, config.params).partition_bytes()
+    default_partition = partition_size(config.policy, config.params)
     opening = space.nearest(config.params, default_partition) if config.tuning else None
     decider: Decider | None = None
     if rank == 0:

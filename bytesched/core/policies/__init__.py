@@ -6,7 +6,7 @@ from ..config import SIMULATED_POLICIES, ConfigError, SchedulingParams
 from .base import CreditPolicy, Policy, PriorityPolicy, Window
 from .bytescheduler import ByteSchedulerPolicy
 from .fifo import FifoPolicy
-from .follow import FollowOrderPolicy, ImmediatePolicy, ps_order
+from .follow import FollowOrderPolicy, ImmediatePolicy, order_mode, ps_order
 from .p3 import P3Policy
 from .prophet import ProphetPolicy
 from .tictac import TicTacPolicy
@@ -36,8 +36,15 @@ def make_policy(name: str, params: SchedulingParams) -> Policy:
     return cls(params)
 
 
+def partition_size(name: str, params: SchedulingParams) -> float:
+    """The partition size policy ``name`` cuts tensors into under ``params`` (its own default
+    where ``params`` name none): what the Scheduler uses, for the plugins that cut a tensor's
+    pieces themselves."""
+    return make_policy(name, params).partition_bytes()
+
+
 __all__ = [
     "Policy", "PriorityPolicy", "CreditPolicy", "Window", "ByteSchedulerPolicy", "FifoPolicy",
     "P3Policy", "TicTacPolicy", "ProphetPolicy", "ImmediatePolicy", "FollowOrderPolicy",
-    "make_policy", "ps_order", "register",
+    "make_policy", "order_mode", "partition_size", "ps_order", "register",
 ]

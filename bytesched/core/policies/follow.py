@@ -84,6 +84,27 @@ class FollowOrderPolicy(Policy):
         return None
 
 
+ORDER_NEEDS = ("rank0", "immediate", "ps")
+"""What a backend needs from the cross-rank order: ``rank0`` (every rank must issue its collectives
+in one order: torch.distributed), ``immediate`` (the backend orders them itself: Horovod; or there
+is nothing to agree on: one process, an asynchronous or local store), ``ps`` (a synchronous
+parameter server: :func:`ps_order` decides)."""
+
+
+def order_mode(leader: Policy, *, need: str, setting: str = "auto", world_size: int = 2,
+               tuning: bool = False) -> str:
+    """The order mode of a job's Cores, decided once for the runtime plugins and the simulator:
+    ``setting`` (``BYTESCHED_ORDER``) unless it is ``auto``, else what the backend ``need``s; for
+    a synchronous parameter server of several workers, :func:`ps_order` under ``leader``."""
+    if need not in ORDER_NEEDS:
+        raise ValueError(f"need={need!r}: expected one of {', '.join(ORDER_NEEDS)}")
+    if setting != "auto":
+        return setting
+    if need == "ps":
+        return ps_order(leader, tuning=tuning) if world_size > 1 else "immediate"
+    return need
+
+
 def ps_order(leader: Policy, *, tuning: bool = False) -> str:
     """The follower mode of a synchronous parameter server's workers under ``leader``.
 

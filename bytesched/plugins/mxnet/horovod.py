@@ -38,7 +38,7 @@ from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.channel import open_channel
 from bytesched.core.config import configure_logging, from_env
-from bytesched.core.policies import make_policy
+from bytesched.core.policies import make_policy, order_mode, partition_size
 from bytesched.core.timeline import open_timeline
 from bytesched.tuning import TuningSession, make_session
 
@@ -64,7 +64,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._hvd = optimizer
         self._config = config if config is not None else from_env()
         configure_logging(self._config)
-        order = "immediate" if self._config.order == "auto" else self._config.order
+        order = order_mode(make_policy(self._config.policy, self._config.params), need="immediate",
+                           setting=self._config.order)
         if order == "rank0":
             raise bcore.ConfigError("BYTESCHED_ORDER=rank0 is not needed with Horovod (it orders "
                                     "collectives itself): use auto or immediate")
@@ -72,7 +73,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._core = bcore.init(self._config, rank=rank, order=order,
                                 timeline=open_timeline(self._config, rank=rank, world_size=size))
         self._events = events()
-        self._partition_bytes = make_policy(self._config.policy, self._config.params).partition_bytes()
+        self._partition_bytes = partition_size(self._config.policy, self._config.params)
         self._avatars: dict[str, Avatars] = {}
         self._buckets: dict[int, Bucket] = {}
         self._facts: dict[int, _Facts] = {}
@@ -106,7 +107,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         on every rank: the partitions' names and shapes must match across ranks)."""
         self._core.set_params(params)
         size = params.partition_bytes
-        self._partition_bytes = size if size is not None else make_policy(self._config.policy, params).partition_bytes()
+        self._partition_bytes = size if size is not None else partition_size(self._config.policy, params)
 
     # -- what Gluon's Trainer and MXNet's Updater call ---------------------------------------
     def create_state(self, index: int, weight: mx.nd.NDArray) -> Any:

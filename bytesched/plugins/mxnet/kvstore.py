@@ -83,7 +83,7 @@ from mxnet.kvstore import KVStoreBase
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import configure_logging, from_env
-from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, ps_order
+from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
 from bytesched.core.timeline import open_timeline
 from bytesched.tuning import TuningSession, make_session
 
@@ -148,12 +148,9 @@ def _placement(kv_type: str) -> tuple[int, int]:
 
 def _order_for(kv_type: str, config: Config, world_size: int) -> str:
     """``BYTESCHED_ORDER``, or for ``auto`` the rule of "Cross-worker order" (module doc)."""
-    if config.order != "auto":
-        return config.order
-    if world_size > 1 and "dist" in kv_type and "async" not in kv_type:
-        return ps_order(make_policy(config.policy, config.params),
-                        tuning=bool(config.tuning or config.tuning_load))
-    return "immediate"
+    need = "ps" if "dist" in kv_type and "async" not in kv_type else "immediate"
+    return order_mode(make_policy(config.policy, config.params), need=need, setting=config.order,
+                      world_size=world_size, tuning=bool(config.tuning or config.tuning_load))
 
 
 def _policy_for(kv_type: str, config: Config) -> Policy | None:
@@ -183,7 +180,7 @@ class ScheduledKVStore(KVStoreBase):
         self.library = self.events.library
         self._table = ServerKeyTable(*_placement(kvstore.type),
                                      str_index_is_name="dist" not in kvstore.type)
-        self._partition_bytes = make_policy(self.config.policy, self.config.params).partition_bytes()
+        self._partition_bytes = partition_size(self.config.policy, self.config.params)
         self.core_rank, self.world_size = _launch_rank(kvstore)
         self.order = _order_for(kvstore.type, self.config, self.world_size)
         self._channel = None
@@ -348,7 +345,7 @@ class ScheduledKVStore(KVStoreBase):
         self._pending = None
         size = params.partition_bytes
         if size is None:
-            size = make_policy(self.config.policy, params).partition_bytes()
+            size = partition_size(self.config.policy, params)
         if size == self._partition_bytes:
             return
         self.wait_idle()

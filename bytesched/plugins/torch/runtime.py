@@ -26,6 +26,7 @@ from bytesched.core import Config, Core, get_core, init
 from bytesched.core import shutdown as shutdown_core
 from bytesched.core.channel import ChannelError, ChannelFollower, ChannelLeader, PeerLost, open_channel
 from bytesched.core.core import EXIT_GRACE_S, exit_later
+from bytesched.core.policies import make_policy, order_mode
 from bytesched.core.timeline import open_timeline
 
 from .backend import Backend
@@ -41,7 +42,8 @@ _atexit_registered = False
 
 def start_core(config: Config, backend: Backend) -> Core:
     """The running Core if it fits ``config`` and the order mode, else a new one."""
-    order = backend.order if config.order == "auto" else config.order
+    order = order_mode(make_policy(config.policy, config.params), need=backend.order, setting=config.order,
+                       world_size=backend.size)
     try:
         running: Core | None = get_core()
     except RuntimeError:
