@@ -11,7 +11,8 @@ A parameter's gradient of one iteration goes through four events:
    parameter becomes *stale* (its ``fresh`` event is cleared) until
 4. *applied*: the update thread ran the user's optimizer on this parameter.
 
-Reduced and released may come in either order; the second one queues the update. The update
+Reduced and released may come in either order; the second one queues the update (the
+decisions of one bucket's cycle are the pure state machine :class:`~.cycle.UpdateCycle`). The update
 thread takes every job queued so far at once and applies the due updates of one parameter group
 in one optimizer call (at ``step()`` most gradients are usually reduced already). Forward proxies
 wait for ``fresh`` before a module reads the parameter. A gradient modified in place while
@@ -70,12 +71,11 @@ class ParamSlot:
         fresh: set while no update of this parameter is pending; forward proxies wait on it.
         passes: backward passes accumulated into its gradient since the last step().
         bucket: the bucket its gradient is all-reduced in (set once the ranks agreed on buckets).
-        zero_request: a ``zero_grad`` that arrived while an update was pending ("none" or "zero").
         applied: where the update thread's stream stood after its last update of this parameter
             (None on CPU, or before the first update): readers wait for it.
     """
 
-    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "bucket", "zero_request", "applied")
+    __slots__ = ("name", "param", "group", "priority", "fresh", "passes", "bucket", "applied")
 
     def __init__(self, name: str, param: nn.Parameter, group: int, priority: int) -> None:
         self.name = name
@@ -86,7 +86,6 @@ class ParamSlot:
         self.fresh.set()
         self.passes = 0
         self.bucket: Bucket
-        self.zero_request: str | None = None
         self.applied: streams.Mark = None
 
     def __repr__(self) -> str:
@@ -168,7 +167,7 @@ class UpdatePipeline:
                 for slot in task.bucket.slots:
                     slot.fresh.clear()
                 self._unapplied += 1
-                if task.reduced:
+                if task.cycle.release():
                     due.append(task)
             if due:
                 self._jobs.put(lambda: due)
@@ -178,11 +177,11 @@ class UpdatePipeline:
         wait until they are reduced; returns them, marked as safe for the user to modify."""
         tasks = self._complete_round(keep_open=True)
         with self._changed:
-            while not all(t.reduced for t in tasks) and self._failure is None:
+            while not all(t.cycle.reduced for t in tasks) and self._failure is None:
                 self._changed.wait()
             self._raise_failure()
             for task in tasks:
-                task.synchronized = True
+                task.cycle.synchronize()
                 streams.wait((task.reduced_mark,), task.device)
         return tasks
 
@@ -190,7 +189,7 @@ class UpdatePipeline:
         """Forget this iteration's gradients without applying them (barrier mode applied them
         itself; or the user skipped step(), e.g. GradScaler found an overflow)."""
         with self._lock:
-            if not all(t.reduced for t in self._round):
+            if not all(t.cycle.reduced for t in self._round):
                 raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
                                    "optimizer.step() or optimizer.synchronize(), while gradients are "
                                    "being all-reduced; this is prohibited (as with Horovod)")
@@ -212,7 +211,7 @@ class UpdatePipeline:
     def round_synchronized(self) -> bool:
         """This iteration's gradients were reduced and handed to the user (:meth:`reduce_all`)."""
         round_ = self._round
-        return bool(round_) and all(t.synchronized for t in round_)
+        return bool(round_) and all(t.cycle.synchronized for t in round_)
 
     def zero_grad(self, set_to_none: bool) -> None:
         """``optimizer.zero_grad()``: a gradient whose update is pending is cleared after it."""
@@ -220,11 +219,12 @@ class UpdatePipeline:
         if self._round_open:
             self.discard_round()
         with self._lock:
-            for slot in self.slots:
-                if slot.bucket.task is not None:
-                    slot.zero_request = "none" if set_to_none else "zero"
+            for bucket in self.buckets:
+                if bucket.task is not None:  # released, its update pending
+                    bucket.task.cycle.zero_grad(set_to_none)
                 else:
-                    clear_grad(slot.param, set_to_none)
+                    for slot in bucket.slots:
+                        clear_grad(slot.param, set_to_none)
 
     # -- waiting ------------------------------------------------------------------------------
     def wait_fresh(self, slots: Iterable[ParamSlot],
@@ -381,10 +381,9 @@ class UpdatePipeline:
         except BaseException as error:
             self.fail(error)
         with self._changed:
-            task.reduced = True
+            due = task.cycle.reduce() and self._failure is None
             self._unreduced -= 1
             self._changed.notify_all()
-            due = task.hparams is not None and self._failure is None
         return [task] if due else []
 
     def _apply(self, tasks: list[GradientTask]) -> None:
@@ -395,7 +394,7 @@ class UpdatePipeline:
         for task in sorted(tasks, key=lambda t: t.priority):
             if self._failure is not None:
                 return
-            modified = None if task.synchronized else task.modified()
+            modified = None if task.cycle.synchronized else task.modified()
             if modified is not None:
                 self.fail(BarrierCrossingError(
                     f"the gradient of {modified!r} was modified in place after it was reduced and "
@@ -416,10 +415,10 @@ class UpdatePipeline:
                 for task in batch:
                     task.bucket.task = None
                     self._unapplied -= 1
-                    for slot in task.bucket.slots:
-                        if slot.zero_request is not None:
-                            clear_grad(slot.param, slot.zero_request == "none")
-                            slot.zero_request = None
+                    request = task.cycle.apply()  # a zero_grad that waited for this update
+                    if request is not None:
+                        for slot in task.bucket.slots:
+                            clear_grad(slot.param, request == "none")
                     applied = streams.mark(task.device)  # after the update and any deferred clear
                     for slot in task.bucket.slots:
                         slot.applied = applied

@@ -17,6 +17,7 @@ import torch
 from bytesched.core import CommTask, SubTask, split_elements
 
 from . import streams
+from .cycle import UpdateCycle
 from .fusion import pack
 
 if TYPE_CHECKING:
@@ -41,8 +42,8 @@ class GradientTask(CommTask):
         communicated: one mark per finished partition, on the stream its completion was
             reported on: finalising waits for all of them.
         reduced_mark: where the update thread's stream stood once ``grads`` held the average.
-        reduced: every partition finished and the backend finalised ``grads``.
-        synchronized: the user waited for these gradients (``synchronize()``) and may edit them.
+        cycle: where the bucket's update stands (reduced, released, synchronized, applied, a
+            deferred ``zero_grad``): :class:`~.cycle.UpdateCycle`.
         hparams: the parameter group's hyperparameters as of ``step()``; None until released.
     """
 
@@ -60,8 +61,7 @@ class GradientTask(CommTask):
         self.ready = streams.mark(self.device)
         self.communicated: list[streams.Mark] = []
         self.reduced_mark: streams.Mark = None
-        self.reduced = False
-        self.synchronized = False
+        self.cycle = UpdateCycle()
         self.hparams: dict[str, Any] | None = None
         self._backend = backend
         self._on_communicated = on_communicated
