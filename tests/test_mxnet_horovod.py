@@ -23,7 +23,7 @@ def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
     through hvd.DistributedOptimizer and through ScheduledOptimizer(hvd.DistributedOptimizer(...)),
     with partitions that split the weight matrices, a credit of three partitions and a fusion
     size that puts the second layer's two tensors in one bucket (split as well); the weights must
-    be identical."""
+    be identical. The rank-0 channel (fault detection by heartbeats) is open, as for PyTorch."""
     require("horovod.mxnet", "Horovod built with MXNet")
     horovodrun = require_executable("horovodrun")
 
@@ -35,7 +35,7 @@ def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
                                        "BYTESCHED_TIMELINE": str(tmp_path / "tl.json")})
 
     assert result.returncode == 0, result.stdout[-4000:]
-    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+)", result.stdout)
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+) heartbeats=on", result.stdout)
     assert sorted(rank for _, rank, _ in verdicts) == ["0", "1"], result.stdout[-4000:]
     assert {verdict for verdict, _, _ in verdicts} == {"EQUAL"}, result.stdout[-4000:]
     # Gluon's order: bias, weight per layer. Per step, the 48 bias (192 bytes; the next tensor

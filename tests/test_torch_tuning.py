@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from bytesched.core import Config, SchedulingParams
-from bytesched.plugins.torch.runtime import needs_channel
+from bytesched.runtime import needs_channel
 from bytesched.tuning.log import load_best
 from bytesched.tuning.space import space_for
 from conftest import SCRIPTS, require, require_executable, run_job

@@ -61,10 +61,13 @@ def main() -> None:
              for a, b in zip(train(scheduled=False, optimizer=name, steps=steps),
                              train(scheduled=True, optimizer=name, steps=steps))]
     from bytesched.core import get_core
+    from bytesched.runtime import channel_of
     subtasks = get_core().take_stats().subtasks_started
+    heartbeats = "on" if channel_of(get_core()) is not None else "off"
     worst = max(float(np.abs(a - b).max()) for a, b in pairs)
     verdict = "EQUAL" if all(np.array_equal(a, b) for a, b in pairs) else "DIFFER"
-    print(f"HVD MXNET {verdict} rank={hvd.rank()} subtasks={subtasks} max_abs_diff={worst}", flush=True)
+    print(f"HVD MXNET {verdict} rank={hvd.rank()} subtasks={subtasks} heartbeats={heartbeats} "
+          f"max_abs_diff={worst}", flush=True)
 
 
 if __name__ == "__main__":

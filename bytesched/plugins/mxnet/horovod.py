@@ -14,9 +14,11 @@ orders after the all-reduce. Small gradients of one update call are fused into b
 starts a collective only once every rank submitted it, so rank 0's release order becomes the
 global one. Everything else (learning rate, states) is Horovod's optimizer's, as with Horovod.
 
+The Core, its timeline and the rank-0 channel come from :mod:`bytesched.runtime`, as for the
+PyTorch plugin: the channel (rank 0 shares its free port with one Horovod broadcast) carries the
+heartbeats that name a lost rank (``BYTESCHED_FAULT_TIMEOUT_S``) and tuning's switches.
 Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``) runs a
-:class:`~bytesched.tuning.TuningSession` over a rank-0 channel, whose free port rank 0 shares
-with one Horovod broadcast; the session is made at the first update, where the Trainer's
+:class:`~bytesched.tuning.TuningSession` over that channel; the session is made at the first update, where the Trainer's
 parameters give the model's size that fits the tuner's lattice. A Trainer index updated again
 begins a new step (Gluon updates each parameter once per step); there, once the last step's
 weights are written, the session hears of the step and the sizes it returns apply from that
@@ -25,7 +27,6 @@ step's first all-reduce on every rank.
 
 from __future__ import annotations
 
-import atexit
 import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -36,10 +37,9 @@ import numpy as np
 
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
-from bytesched.core.channel import open_channel
 from bytesched.core.config import configure_logging, from_env
-from bytesched.core.policies import make_policy, order_mode, partition_size
-from bytesched.core.timeline import open_timeline
+from bytesched.core.policies import partition_size
+from bytesched.runtime import channel_of, start_core
 from bytesched.tuning import TuningSession, make_session
 
 from .fusion import Bucket
@@ -64,24 +64,16 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._hvd = optimizer
         self._config = config if config is not None else from_env()
         configure_logging(self._config)
-        order = order_mode(make_policy(self._config.policy, self._config.params), need="immediate",
-                           setting=self._config.order)
-        if order == "rank0":
+        if self._config.order == "rank0":
             raise bcore.ConfigError("BYTESCHED_ORDER=rank0 is not needed with Horovod (it orders "
                                     "collectives itself): use auto or immediate")
-        rank, size = hvd.rank(), hvd.size()
-        self._core = bcore.init(self._config, rank=rank, order=order,
-                                timeline=open_timeline(self._config, rank=rank, world_size=size))
+        self._core = start_core(self._config, _HorovodRanks())
         self._events = events()
         self._partition_bytes = partition_size(self._config.policy, self._config.params)
         self._avatars: dict[str, Avatars] = {}
         self._buckets: dict[int, Bucket] = {}
         self._facts: dict[int, _Facts] = {}
-        self._channel = None
         self._tuning_wanted = bool(self._config.tuning or self._config.tuning_load)
-        if self._tuning_wanted and size > 1:
-            self._channel = open_channel(self._config, rank, size, share_port=_broadcast_int)
-            atexit.register(self._channel.close)
         self._tuning: TuningSession | None = None  # made at the first update, when the model's size is known
         self.tuned_params: SchedulingParams | None = None
         """The partition and credit sizes tuning kept, the same on every rank (None while tuning
@@ -141,7 +133,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         indices, weights, grads = ([index], [weight], [grad]) if single else (index, weight, grad)
         if self._tuning_wanted:
             self._tuning_wanted = False
-            self._tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=self._channel,
+            self._tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
                                         arch="allreduce", model_bytes=self._model_bytes(grads))
         if self._tuning is not None:
             self._tuning_step(self._tuning, indices, weights)
@@ -249,7 +241,20 @@ class _Facts:
     kind: tuple[str, Any]
 
 
-def _broadcast_int(value: int) -> int:
-    """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""
-    shared = hvd.broadcast(mx.nd.array([value], dtype="int64"), root_rank=0, name="bytesched.channel_port")
-    return int(shared.asnumpy()[0])
+class _HorovodRanks:
+    """The job's ranks as :mod:`bytesched.runtime` needs them, over Horovod (which orders
+    collectives itself: ``immediate``)."""
+
+    order = "immediate"
+
+    def __init__(self) -> None:
+        self.rank = hvd.rank()
+        self.size = hvd.size()
+
+    def barrier(self) -> None:
+        hvd.allreduce(mx.nd.zeros(1), name="bytesched.barrier").wait_to_read()
+
+    def broadcast_int(self, value: int) -> int:
+        """How rank 0 tells the others its channel's free port."""
+        shared = hvd.broadcast(mx.nd.array([value], dtype="int64"), root_rank=0, name="bytesched.channel_port")
+        return int(shared.asnumpy()[0])

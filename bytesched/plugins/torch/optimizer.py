@@ -26,6 +26,7 @@ from torch import nn
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import configure_logging
 from bytesched.core.timeline import ChromeTimeline
+from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
@@ -33,7 +34,6 @@ from .consistency import check_same_parameters, make_check
 from .fusion import agree_on_buckets
 from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
 from .proxies import ForwardProxies
-from .runtime import channel_of, on_channel_failure, start_core
 from .timeline import StepTimeline
 from .trace import ForwardTrace
 from .updates import PartialStep, hyperparameters

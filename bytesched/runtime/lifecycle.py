@@ -1,9 +1,10 @@
 """This process's Core, its timeline (``BYTESCHED_TIMELINE``) and, in multi-rank jobs, its
-rank-0 channel.
+rank-0 channel, for any plugin: the plugin hands over its :class:`Ranks`, nothing else.
 
-One Core serves every ScheduledOptimizer of the process (a GAN's two optimizers share it). The
-plugin picks the Core's order mode from the backend (``immediate`` for Horovod, ``rank0`` for
-torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise, and opens the rank-0 channel (see
+One Core serves every scheduled optimizer of the process (a GAN's two optimizers share it). The
+Core's order mode is what the backend needs (``immediate`` for Horovod, ``rank0`` for
+torch.distributed) unless ``BYTESCHED_ORDER`` says otherwise
+(:func:`~bytesched.core.policies.order_mode`), and the rank-0 channel is opened (see
 :func:`needs_channel`): the ``rank0`` mode needs it for the start order, tuning for each trial's
 sizes (:mod:`bytesched.tuning.session`), and fault detection for its heartbeats
 (``BYTESCHED_FAULT_TIMEOUT_S``, on by default). Unless ``BYTESCHED_CHANNEL_PORT`` is set, rank 0
@@ -20,7 +21,7 @@ import logging
 import sys
 import time
 import weakref
-from typing import Callable
+from typing import Callable, Protocol
 
 from bytesched.core import Config, Core, get_core, init
 from bytesched.core import shutdown as shutdown_core
@@ -28,8 +29,6 @@ from bytesched.core.channel import ChannelError, ChannelFollower, ChannelLeader,
 from bytesched.core.core import EXIT_GRACE_S, exit_later
 from bytesched.core.policies import make_policy, order_mode
 from bytesched.core.timeline import open_timeline
-
-from .backend import Backend
 
 log = logging.getLogger("bytesched")
 
@@ -40,7 +39,27 @@ _failure_listeners: list[Callable[[BaseException], None]] = []
 _atexit_registered = False
 
 
-def start_core(config: Config, backend: Backend) -> Core:
+class Ranks(Protocol):
+    """What the runtime needs from a plugin's communication library.
+
+    Attributes:
+        rank, size: this process's rank and the number of ranks.
+        order: what the library needs of the order of collectives (``rank0``: every rank must
+            issue them in one order; ``immediate``: the library orders them itself).
+    """
+
+    rank: int
+    size: int
+    order: str
+
+    def barrier(self) -> None:
+        """Block until every rank got here."""
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (a collective every rank calls)."""
+
+
+def start_core(config: Config, backend: Ranks) -> Core:
     """The running Core if it fits ``config`` and the order mode, else a new one."""
     order = order_mode(make_policy(config.policy, config.params), need=backend.order, setting=config.order,
                        world_size=backend.size)
@@ -85,7 +104,7 @@ def on_channel_failure(listener: Callable[[BaseException], None]) -> Callable[[]
     return lambda: _failure_listeners.remove(listener) if listener in _failure_listeners else None
 
 
-def _open(config: Config, backend: Backend) -> ChannelLeader | ChannelFollower:
+def _open(config: Config, backend: Ranks) -> ChannelLeader | ChannelFollower:
     global _channel, _atexit_registered, _generation
     _generation += 1
     generation = _generation
