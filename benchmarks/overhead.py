@@ -131,7 +131,14 @@ def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, war
         optimizer.step()
     if scheduled:
         optimizer.synchronize()
-    return time.perf_counter() - began
+    elapsed = time.perf_counter() - began
+    if scheduled:
+        optimizer.close()
+    # Leave together: a rank whose Gloo peer has already torn down its connections can abort
+    # (SIGABRT) in Gloo's own threads at exit.
+    dist.barrier()
+    dist.destroy_process_group()
+    return elapsed
 
 
 def _worker_main() -> int:
