@@ -88,14 +88,23 @@ def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
     if scheduled:
         from bytesched.plugins.torch import ScheduledOptimizer
         optimizer = ScheduledOptimizer(model, optimizer)
-    x = torch.ones(8, width)
+    return _timed_steps(model, optimizer, torch.ones(8, width), steps, warmup, scheduled)
+
+
+def _timed_steps(net: Any, optimizer: Any, x: Any, steps: int, warmup: int, scheduled: bool,
+                 before_timing: Any = None) -> float:
+    """Seconds of ``steps`` PyTorch training steps after ``warmup`` more (a scheduled optimizer's
+    updates of the warm-up landed before the clock starts, and the timed ones before it stops);
+    ``before_timing()`` runs right before the clock starts."""
     for step in range(warmup + steps):
         if step == warmup:
             if scheduled:
                 optimizer.synchronize()
+            if before_timing is not None:
+                before_timing()
             began = time.perf_counter()
         optimizer.zero_grad()
-        model(x).sum().backward()
+        net(x).sum().backward()
         optimizer.step()
     if scheduled:
         optimizer.synchronize()
@@ -119,19 +128,7 @@ def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, war
         net, optimizer = model, ScheduledOptimizer(model, sgd)
     else:
         net, optimizer = nn.parallel.DistributedDataParallel(model), sgd
-    x = torch.ones(8, width)
-    for step in range(warmup + steps):
-        if step == warmup:
-            if scheduled:
-                optimizer.synchronize()
-            dist.barrier()
-            began = time.perf_counter()
-        optimizer.zero_grad()
-        net(x).sum().backward()
-        optimizer.step()
-    if scheduled:
-        optimizer.synchronize()
-    elapsed = time.perf_counter() - began
+    elapsed = _timed_steps(net, optimizer, torch.ones(8, width), steps, warmup, scheduled, dist.barrier)
     if scheduled:
         optimizer.close()
     # Leave together: a rank whose Gloo peer has already torn down its connections can abort
