@@ -39,7 +39,8 @@ def test_pytorch_synthetic_benchmark_with_a_timeline_read_by_bytesched_timeline(
     result = run_job([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
                       EXAMPLES / "pytorch_synthetic_benchmark.py", "--bytesched", "--num-warmup", "1",
                       "--num-batches-per-iter", "2", "--num-iters", "2", "--batch-size", "8"],
-                     timeout=300, env={**os.environ, "BYTESCHED_TIMELINE": str(tmp_path / "tl.json")})
+                     timeout=300, env={**os.environ, "BYTESCHED_TIMELINE": str(tmp_path / "tl.json"),
+                                           "BYTESCHED_PARTITION_BYTES": "4MB"})
     assert result.returncode == 0, result.stdout[-3000:]
     assert "Total img/sec on 2 CPU rank(s)" in result.stdout
     proc = subprocess.run([sys.executable, "-m", "bytesched.cli", "timeline", str(tmp_path / "tl.json"), "--json"],
@@ -50,7 +51,8 @@ def test_pytorch_synthetic_benchmark_with_a_timeline_read_by_bytesched_timeline(
     steps = [s for s in report["steps"] if s["rank"] == 0]
     assert len(steps) == 1 + 2 * 2  # warm-up and timed steps, one task instance each
     # The CNN's 10 tensors in the default 1 MB fusion buckets: the convolutions' 6 in one, fc1.weight
-    # (4 MiB) alone and split at the default 4 MB partition size into 2, fc1.bias with fc2: 4 partitions.
+    # (4 MiB) alone and split at the 4 MB partition size set here into 2 (the start-up plan, which
+    # would choose its own from the third step, is off when a size is set), fc1.bias with fc2: 4 partitions.
     assert all(s["subtasks"] == 4 for s in steps)
     assert all(s["iteration_s"] > 0 and s["comm_s"] > 0 for s in steps[:-1])
 

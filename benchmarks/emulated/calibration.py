@@ -36,10 +36,10 @@ measured step, as it scales the network to the measured operations.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
+
+from bytesched.runtime.calibration import NetworkCost, median_seconds
 
 FIXED_REPEATS = 30
 """4-byte operations timed (after one untimed): a median of 30 settles within a few percent."""
@@ -82,29 +82,19 @@ class Calibration:
     """How long the tuning job took, start-up included."""
 
     def __post_init__(self) -> None:
-        if not (0 < self.fixed_seconds < self.large_seconds):
-            raise ValueError(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
-                             f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
+        self.network  # raises ValueError if the two operations' times are inconsistent
+
+    @property
+    def network(self) -> NetworkCost:
+        """The two operations, as the start-up plan measures them too."""
+        return NetworkCost(self.fixed_seconds, self.large_seconds, self.large_bytes)
 
     def simulator_options(self, arch: str, workers: int, scheduled: bool = False) -> dict[str, float]:
         """``overhead``, ``latency`` and ``bandwidth`` for :func:`bytesched.sim.predict.simulate`
-        that reproduce both measurements in the simulator's cost model (with ``scheduled``, the
-        overhead and latency are the fitted ones of bytesched's path, where there are any).
-
-        All-reduce (ring): ``overhead + 2(n-1) latency + 2(n-1)/n bytes / bandwidth``; a PS
-        push+pull: two messages, each ``overhead + latency + bytes / bandwidth`` (with as many
-        servers as workers, each on its own host, every link carries the key's bytes once per
-        direction). Latency is folded into the overhead (set to 0): one fixed cost was measured.
-        """
-        variable = self.large_seconds - self.fixed_seconds
-        if arch == "allreduce":
-            factor = 2 * (workers - 1) / workers if workers > 1 else 0.0
-            options = {"overhead": self.fixed_seconds, "latency": 0.0,
-                       "bandwidth": factor * self.large_bytes / variable if factor else float("inf")}
-        elif arch == "ps":
-            options = {"overhead": self.fixed_seconds / 2, "latency": 0.0, "bandwidth": 2 * self.large_bytes / variable}
-        else:
-            raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
+        that reproduce both measurements in the simulator's cost model
+        (:meth:`bytesched.runtime.calibration.NetworkCost.simulator_options`); with ``scheduled``,
+        the overhead and latency are the fitted ones of bytesched's path, where there are any."""
+        options = self.network.simulator_options(arch, workers)
         if scheduled and self.scheduled_overhead is not None:
             options["overhead"] = self.scheduled_overhead
         if scheduled and self.scheduled_latency is not None:
@@ -120,18 +110,6 @@ class Calibration:
         compute = record.get("compute_seconds")
         return cls(float(record["fixed_seconds"]), float(record["large_seconds"]), int(record["large_bytes"]),
                    compute_seconds=None if compute is None else float(compute))
-
-
-def median_seconds(operation: Callable[[], None], repeats: int) -> float:
-    """Median wall-clock seconds of ``operation`` over ``repeats`` calls after an untimed one
-    (which pays connection set-up and first-use costs)."""
-    operation()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        operation()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def calibrate(make_operation: Callable[[int], Callable[[], None]], large_bytes: int,

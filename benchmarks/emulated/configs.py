@@ -31,6 +31,9 @@ class Configuration:
     calibrated cluster, :func:`.prediction.choose_sizes`) or ``"tuner"`` (bytesched's auto-tuner,
     in a tuning job on the same cluster, :func:`.runner.run_tuning`); the sizes are then handed
     to the workers. None: fixed sizes."""
+    plan: bool = False
+    """bytesched chooses the sizes itself at start-up (its default with no settings:
+    :mod:`bytesched.runtime.plan`); ``params`` are then only the two steps' before the plan."""
 
     @property
     def scheduled(self) -> bool:
@@ -49,6 +52,10 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("autotune", "plain Horovod with HOROVOD_AUTOTUNE=1", env=(("HOROVOD_AUTOTUNE", "1"),)),
     Configuration("bytescheduler", "bytesched, bytescheduler policy, fixed 4 MB partitions / 16 MB credit",
                   policy="bytescheduler", simulated_as="bytescheduler"),
+    Configuration("plan", "bytesched with no settings: it stays out of the way for two steps, times the "
+                  "backend's all-reduce, and rank 0 picks partition and credit by simulating the second step "
+                  "(the start-up plan); the timed steps come after it", policy="bytescheduler",
+                  simulated_as="bytescheduler", plan=True),
     Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 4 MB credit: the "
                   "best of eight sizes in a sweep of the MXNet PS VGG16 cell at 1 Gbit/s, one run each "
                   "(docs/benchmarks.md); the defaults suit 10-100 Gbit/s, and at 1 Gbit/s a 16 MB credit "

@@ -44,7 +44,8 @@ def forward_order(model: EmulatedModel) -> list[gluon.Parameter]:
 
 def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
     """The Gluon trainer for ``config``, the object to drain at the end, rank and world size."""
-    settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params) if config.scheduled else None
+    settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params,
+                                           plan=config.plan) if config.scheduled else None
     if backend == "ps":
         store: Any = mx.kv.create("dist_sync")
         rank, size = store.rank, store.num_workers

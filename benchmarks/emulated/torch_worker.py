@@ -62,7 +62,8 @@ class Backend:
         if self.name == "horovod":
             sgd = self.hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         if config.scheduled:
-            settings = dataclasses.replace(core.from_env(), policy=config.policy, params=config.params)
+            settings = dataclasses.replace(core.from_env(), policy=config.policy, params=config.params,
+                                           plan=config.plan)
             return ScheduledOptimizer(model, sgd, config=settings)
         if self.name == "torch":
             workload.model = torch.nn.parallel.DistributedDataParallel(

@@ -109,6 +109,10 @@ class Config:
     stall_timeout_s: float = 0.0
     fault_timeout_s: float = 60.0
     check_every: int = 0
+    plan: bool = False
+    """Choose partition and credit sizes at start-up from the job's own measured step
+    (:mod:`bytesched.runtime.plan`). :func:`from_env` switches it on unless ``BYTESCHED_PLAN=0``
+    or the job sets a size; a Config built in code keeps its explicit ``params``."""
     tuning: bool = False
     tuning_max_trials: int = 15
     tuning_steps_per_trial: int = 50
@@ -282,6 +286,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_CHECK", "check_every", _count(0), "0 (off)",
              "Every N steps, compare a checksum of every parameter across ranks and raise naming the "
              "first parameter that differs and the ranks that disagree; 0: never."),
+    Variable("BYTESCHED_PLAN", "plan", _flag, "1",
+             "1: with neither BYTESCHED_PARTITION_BYTES nor BYTESCHED_CREDIT_BYTES set, the bytescheduler "
+             "policy and no tuning, a multi-rank job stays out of the way (no partitioning, no credit "
+             "limit) for two steps, times the backend's all-reduce, and rank 0 picks the sizes by "
+             "simulating the second step; every rank applies them from the third (docs/plan.md). "
+             "0: the fixed default sizes apply."),
     Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
              "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
              "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),
@@ -352,6 +362,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
             else:
                 values[var.target] = value
     values.setdefault("job_token", launcher_job_token(env))
+    values.setdefault("plan", True)
+    if params:  # explicit sizes win over the plan
+        values["plan"] = False
     return Config(params=SchedulingParams(**params), **values)
 
 

@@ -119,6 +119,7 @@ class Core:
         self._stall_query: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
+        self._observer: Callable[[SubTask], None] | None = None
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -181,6 +182,15 @@ class Core:
     def set_params(self, params: SchedulingParams) -> None:
         """New partition/credit sizes; callers apply them at a step all ranks agreed on."""
         self._events.put((_PARAMS, params))
+
+    def observe(self, observer: Callable[[SubTask], None] | None, timeout: float = 10.0) -> None:
+        """From now on, also hand every finished sub-task to ``observer`` (None: stop), on the
+        Core thread, as the timeline gets them: how the start-up plan sees a step's gradients.
+        Returns once the Core switched, so the caller may then read what the old one recorded."""
+        switched = threading.Event()
+        self.call_soon(lambda: (setattr(self, "_observer", observer), switched.set()))
+        if not switched.wait(timeout):
+            raise RuntimeError(f"bytesched Core did not answer within {timeout:g} s (is it running?)")
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the Core thread, in order with the other events."""
@@ -287,6 +297,9 @@ class Core:
         if self.timeline is not None:
             for sub in subs:
                 self.timeline.record(sub)
+        if self._observer is not None:
+            for sub in subs:
+                self._observer(sub)
         for task in completed:
             task.on_finish()
             task.subtasks = []  # cut the task <-> sub-task cycle (see CommTask.subtasks)

@@ -30,6 +30,8 @@ STAY_OUT_MARGIN = 0.01
 """The predicted gain (fraction of fifo's iteration time) a sized candidate needs to be chosen."""
 CANDIDATE_PARTITIONS = (1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000, 32_000_000)
 CANDIDATE_CREDIT_FACTORS = (1, 2, 4, 8)
+STAY_OUT = SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=UNLIMITED)
+"""No partitions and no credit limit: every gradient goes whole the moment it is ready."""
 SEARCH_ITERATIONS = 1
 SEARCH_WARMUP = 1
 
@@ -42,12 +44,19 @@ def candidate_sizes() -> list[SchedulingParams]:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the plan chose, and the short simulation's iteration time that chose it."""
+    """What the plan chose, and the short simulation's iteration times that chose it."""
 
     policy: str
     """``fifo`` (stay out of the way) or ``bytescheduler``."""
     params: SchedulingParams
     search_iteration_time: float
+    stay_out_iteration_time: float
+    """The same short simulation's iteration time under ``fifo``: what the choice is weighed against."""
+
+    @property
+    def predicted_speedup(self) -> float:
+        """How much faster the short simulation runs the choice than staying out of the way."""
+        return self.stay_out_iteration_time / self.search_iteration_time
 
     def describe(self) -> str:
         """One line for a log: what was chosen."""
@@ -63,10 +72,10 @@ def make_plan(profile: ModelProfile, cluster: Cluster) -> Plan:
         return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS,
                    warmup=SEARCH_WARMUP).iteration_time
 
-    stay_out = SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=UNLIMITED)
-    fifo = Plan("fifo", stay_out, seconds("fifo", stay_out))
-    sized = min((Plan("bytescheduler", params, seconds("bytescheduler", params)) for params in candidate_sizes()),
-                key=lambda plan: plan.search_iteration_time)
+    stay_out = seconds("fifo", STAY_OUT)
+    fifo = Plan("fifo", STAY_OUT, stay_out, stay_out)
+    sized = min((Plan("bytescheduler", params, seconds("bytescheduler", params), stay_out)
+                 for params in candidate_sizes()), key=lambda plan: plan.search_iteration_time)
     if sized.search_iteration_time < (1 - STAY_OUT_MARGIN) * fifo.search_iteration_time:
         return sized
     return fifo

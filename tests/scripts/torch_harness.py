@@ -98,10 +98,35 @@ def tied_loss(model: nn.Module, out: torch.Tensor, target: torch.Tensor) -> torc
     return F.mse_loss(out / model.temperature, target)
 
 
+class WideMLP(nn.Module):
+    """A weight of 8.4 MB, most of the model: sizes the tuner or the start-up plan chooses split
+    it (the tuner's lattice, fitted to the model, runs from about 140 KB to the whole model), so
+    every switch changes what goes on the wire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 8192), nn.Tanh(),
+                                    nn.Linear(8192, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def wide_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(8, 32, generator=gen), torch.randn(8, 10, generator=gen)
+
+
+def wide_loss(model: nn.Module, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out, target)
+
+
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
     "cnn": (SmallCNN, cnn_batch, cnn_loss),
     "smooth_cnn": (SmoothCNN, cnn_batch, cnn_loss),
     "tied": (TiedNet, tied_batch, tied_loss),
+    "wide": (WideMLP, wide_batch, wide_loss),
 }
 
 OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = {
@@ -116,7 +141,7 @@ OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
 def config(params: SchedulingParams = SchedulingParams(), policy: str = "bytescheduler") -> Config:
     """The environment's configuration (channel port, job token) with these scheduling settings."""
     fused = {"fusion_bytes": SPLIT_FUSION_BYTES} if params == SPLIT else {}
-    return dataclasses.replace(core.from_env(), params=params, policy=policy, **fused)
+    return dataclasses.replace(core.from_env(), params=params, policy=policy, plan=False, **fused)
 
 
 def new_model(name: str) -> nn.Module:

@@ -51,31 +51,6 @@ STEPS = 17
 LOST_TIMEOUT_S = 8.0
 
 
-class WideMLP(nn.Module):
-    """A weight of 8.4 MB, most of the model: the tuner's lattice, fitted to the model, runs from
-    about 140 KB to the whole model, so most trials split that weight, each differently, and the
-    switches change what goes on the wire."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 8192), nn.Tanh(),
-                                    nn.Linear(8192, 10))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
-
-
-def wide_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(8, 32, generator=gen), torch.randn(8, 10, generator=gen)
-
-
-def wide_loss(model: nn.Module, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(out, target)
-
-
-MODELS["wide"] = (WideMLP, wide_batch, wide_loss)
-
-
 class Recorder:
     """Replaces the plugin's ``make_session``: records what this rank's session returns and how
     long each call took, and on rank 0 wraps the channel in FaultyBroadcasts when asked."""

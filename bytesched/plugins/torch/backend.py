@@ -60,6 +60,11 @@ class Backend(ABC):
         """``[size, n]``: every rank's 1-D int64 ``local``, row r from rank r (a blocking collective
         every rank must call, with the same ``n``)."""
 
+    @abstractmethod
+    def operation(self, nbytes: int, device: torch.device) -> Callable[[], None]:
+        """A blocking all-reduce of ``nbytes`` on ``device``, as the library runs a gradient's
+        (the start-up plan times it; every rank calls it together)."""
+
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""
         return int(self.all_gather(torch.tensor([value], dtype=torch.int64))[0, 0])

@@ -11,7 +11,7 @@ Gradients are summed and then divided by the number of ranks, i.e. averaged as D
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,15 @@ class DistributedBackend(Backend):
         parts = [torch.empty_like(local) for _ in range(self.size)]
         dist.all_gather(parts, local, group=self._group)
         return torch.stack(parts)
+
+    def operation(self, nbytes: int, device: torch.device) -> Callable[[], None]:
+        buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+
+        def all_reduce() -> None:
+            dist.all_reduce(buffer, group=self._group)
+            if buffer.is_cuda:  # NCCL returns once the kernel is queued
+                torch.cuda.synchronize(buffer.device)
+        return all_reduce
 
     def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
         return flat, None

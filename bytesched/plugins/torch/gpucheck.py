@@ -190,7 +190,8 @@ def _equivalence(device: torch.device, steps: int) -> list[dict[str, Any]]:
     torch.use_deterministic_algorithms(True)
     saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    config = dataclasses.replace(from_env(), params=SchedulingParams(partition_bytes=EQUIVALENCE_PARTITION_BYTES))
+    config = dataclasses.replace(from_env(), params=SchedulingParams(partition_bytes=EQUIVALENCE_PARTITION_BYTES),
+                                 plan=False)
     shutdown()  # a Core with this configuration
     results = []
     try:

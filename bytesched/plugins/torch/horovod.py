@@ -177,6 +177,11 @@ class HorovodBackend(Backend):
     def all_gather(self, local: torch.Tensor) -> torch.Tensor:
         return self._hvd.allgather(local.unsqueeze(0), name="bytesched.all_gather", process_set=self._process_set)
 
+    def operation(self, nbytes: int, device: torch.device) -> Callable[[], None]:
+        buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        return lambda: self._hvd.allreduce_(buffer, name=f"bytesched.calibrate.{nbytes}", op=self._hvd.Sum,
+                                            process_set=self._process_set)
+
     def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
         return self._compression.compress(flat)
 

@@ -27,6 +27,7 @@ from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import configure_logging
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
+from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
@@ -41,7 +42,7 @@ from .updates import PartialStep, hyperparameters
 log = logging.getLogger("bytesched")
 
 _live: "weakref.WeakSet[ScheduledOptimizer]" = weakref.WeakSet()
-_tuned_cores: "weakref.WeakSet[Core]" = weakref.WeakSet()  # Cores whose sizes a session drives
+_sized_cores: "weakref.WeakSet[Core]" = weakref.WeakSet()  # Cores whose sizes a plan or a tuning session drives
 _atexit_registered = False
 
 
@@ -106,10 +107,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._samples_per_step = samples_per_step
         self.tuned_params: SchedulingParams | None = None
         """The partition and credit sizes tuning kept (the same on every rank), once it is over."""
-        self._tuning = self._start_tuning(config, backend, sum(slot.param.numel() * slot.param.element_size()
-                                                              for slot in slots))
-        if self._tuning is not None:
-            self._tuning_step(self._tuning)  # the opening sizes, before any CommTask exists
+        self.plan: PlanOutcome | None = None
+        """The sizes the start-up plan chose and every rank applied, once it did."""
+        model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
+        self._tuning = self._start_tuning(config, backend, model_bytes)
+        self._plan = self._start_plan(config, backend, model_bytes, slots[0].param.device)
+        self._step_boundary()  # the opening sizes, before any CommTask exists
         self._closed = False
         self._waiting_for_backward = False
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
@@ -159,8 +162,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         else:
             self._pipeline.release(hyperparameters(self._inner))
             result = None
-        if self._tuning is not None:
-            self._tuning_step(self._tuning)
+        if self._tuning is not None or self._plan is not None:
+            self._step_boundary()
         if self._check is not None:
             self._check.after_step()
         if self._timeline is not None:
@@ -248,18 +251,29 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         lattice fitted to the ``model_bytes`` of gradients this optimizer reduces. Only the first
         optimizer on a Core tunes (a GAN's second one shares the Core, so it runs on the sizes
         the first one picks)."""
-        if (config.tuning or config.tuning_load) and self._core in _tuned_cores:
+        if (config.tuning or config.tuning_load) and self._core in _sized_cores:
             log.info("bytesched tuning: another ScheduledOptimizer of this process already tunes the Core's "
                      "sizes; this one uses them")
             return None
         session = make_session(config, rank=backend.rank, world_size=backend.size, channel=channel_of(self._core),
                                arch="allreduce", model_bytes=model_bytes)
         if session is not None:
-            _tuned_cores.add(self._core)
+            _sized_cores.add(self._core)
         return session
 
-    def _tuning_step(self, session: TuningSession) -> None:
-        """Step ``self._steps`` is about to begin: switch sizes if the ranks agreed to now.
+    def _start_plan(self, config: Config, backend: Backend, model_bytes: int,
+                    device: torch.device) -> StartupPlan | None:
+        """The start-up plan of this Core's sizes (None when the job sets them, tunes them, or
+        another optimizer of this process already plans them)."""
+        if not wants_plan(config, backend.size) or self._core in _sized_cores:
+            return None
+        _sized_cores.add(self._core)
+        return StartupPlan(self._core, backend, lambda nbytes: backend.operation(nbytes, device),
+                           arch="allreduce", model_bytes=model_bytes, drain=self._pipeline.wait_applied)
+
+    def _step_boundary(self) -> None:
+        """Step ``self._steps`` is about to begin: switch sizes if the plan or the ranks' tuning
+        says so now.
 
         Called at the end of ``step()`` (and once at construction), when every CommTask of the
         step that ended has been enqueued (``release``/``reduce_all`` enqueue those backward
@@ -267,14 +281,20 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         backward pass, and ``set_params`` is an event the Core handles in order with the
         enqueues. So the same step's tasks are partitioned alike on every rank, in crossing and
         in barrier mode. A follower waits here (bounded) for a switch that is late."""
-        now = time.monotonic()
-        params = session.on_step(self._steps, samples=self._samples_per_step, now=now)
+        params = None
+        if self._plan is not None:
+            params = self._plan.on_step(self._steps)
+            if self._plan.done:
+                self.plan = self._plan.outcome
+                self._plan = None  # from now on step() pays one comparison
+        if self._tuning is not None:
+            params = self._tuning.on_step(self._steps, samples=self._samples_per_step, now=time.monotonic())
+            if self._tuning.done:  # the session logged the kept sizes
+                self.tuned_params = self._tuning.final
+                self._tuning = None
         self._steps += 1
         if params is not None:
             self._core.set_params(params)
-        if session.done:  # the session logged the kept sizes
-            self._tuning = None  # from now on step() pays one comparison
-            self.tuned_params = session.final
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline

@@ -1,0 +1,195 @@
+"""The start-up plan: the partition and credit sizes a job gets with no settings, chosen from its
+own measured step by the simulator, and applied by every rank at the same step.
+
+Fixed sizes cannot suit every job: 4 MB partitions under a 16 MB credit win on a slow network and
+lose to doing nothing where messages are expensive and bandwidth is plentiful. So a plugin drives
+a :class:`StartupPlan` at every step boundary, and the plan runs this course::
+
+    step 0                  step 1 (observed)             step 2 on
+    |-- stay out ----------|-- stay out, recorded -------|-- the plan's sizes -->
+    ^ no partitions,        ^ drain, then the Core        ^ drain; time a 4-byte and a large
+      no credit limit         records each gradient's       all-reduce; rank 0 simulates
+                              size and ready time           (:func:`bytesched.sim.plan.make_plan`)
+                                                            and broadcasts; every rank applies
+
+Until the plan is made the job stays out of the way (every gradient sent whole the moment it is
+ready, the cheapest path through bytesched), so planning never makes a step slower than the
+baseline by more than two drains. Rank 0's choice travels in the backend's own broadcast, a
+collective every rank calls at the same step boundary, so every rank applies the same sizes
+before any CommTask of the next step exists. A measurement or simulation that fails leaves the
+job where it is, staying out of the way, with a warning naming the reason: never a hang (every
+operation is a collective that every rank calls, bounded by the backend's own timeouts) and
+never different results (sizes change how gradients travel, not what they sum to).
+
+The plan runs when ``BYTESCHED_PLAN`` is on (the default) and the job sets neither
+``BYTESCHED_PARTITION_BYTES`` nor ``BYTESCHED_CREDIT_BYTES``, runs the ``bytescheduler`` policy,
+does not tune, and has more than one rank (:func:`wants_plan`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from bytesched.core import Config, Core, SchedulingParams
+from bytesched.core.config import UNLIMITED, format_size
+from bytesched.sim.plan import STAY_OUT, Plan, make_plan
+
+from .calibration import NetworkCost, large_bytes_for, measure_network
+from .lifecycle import Ranks
+from .observed import StepRecorder, measured_profile
+
+log = logging.getLogger("bytesched")
+
+OBSERVED_STEP = 1
+"""The step whose gradients the plan is made from: the first one after start-up's one-off costs."""
+UNLIMITED_CODE = 0
+"""How an unlimited size travels in the integer broadcast."""
+
+
+Operation = Callable[[int], Callable[[], None]]
+"""``operation(nbytes)``: a blocking call of the library's per-tensor operation (an all-reduce)
+on ``nbytes``, placed where the gradients live (a GPU's memory), which every rank calls together."""
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What every rank applied, and why (the same on every rank)."""
+
+    params: SchedulingParams
+    step: int
+    summary: str
+    """The one line rank 0 logged (on other ranks: the sizes they received)."""
+
+
+def wants_plan(config: Config, world_size: int) -> bool:
+    """Should this job plan its sizes at start-up (see the module docstring)?"""
+    return (config.plan and world_size > 1 and config.policy == "bytescheduler"
+            and not (config.tuning or config.tuning_load))
+
+
+class StartupPlan:
+    """Call :meth:`on_step` at every step boundary on every rank, with the same step numbers, and
+    apply what it returns before the step's first CommTask.
+
+    Args:
+        core: the Core whose finished sub-tasks reveal the observed step.
+        ranks: the backend's ranks and collectives.
+        operation: the backend's per-tensor operation, to time (:data:`Operation`).
+        arch: ``allreduce`` (the simulator's architecture for this job).
+        model_bytes: the gradient bytes of the model, the same on every rank (sizes the
+            calibration's large operation).
+        drain: blocks until every communication and update already released has landed.
+    """
+
+    def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
+                 drain: Callable[[], None]) -> None:
+        self._core = core
+        self._ranks = ranks
+        self._operation = operation
+        self._arch = arch
+        self._large_bytes = large_bytes_for(model_bytes)
+        self._drain = drain
+        self._recorder = StepRecorder()
+        self._observed_from: float | None = None
+        self.outcome: PlanOutcome | None = None
+
+    @property
+    def done(self) -> bool:
+        """The plan is applied: on_step does nothing any more."""
+        return self.outcome is not None
+
+    def on_step(self, step: int) -> SchedulingParams | None:
+        """Step ``step`` is about to begin; returns the sizes to switch to before it, or None."""
+        if self.done:
+            return None
+        if step < OBSERVED_STEP:
+            return STAY_OUT
+        if step == OBSERVED_STEP:
+            self._drain()  # the observed step's forward pass waits for nothing of the step before
+            self._core.observe(self._recorder)
+            self._observed_from = time.monotonic()
+            return None
+        if self._observed_from is None:
+            raise RuntimeError(f"the start-up plan was first told of step {step}; every rank must call "
+                               f"on_step from step 0 on")
+        self._drain()
+        self._core.observe(None)
+        # Every task of the observed step was ready once the drain returned (the Core may take
+        # its ready events after step() was called), and none of the next step's can be yet.
+        self.outcome = self._decide(step, self._observed_from, time.monotonic())
+        return self.outcome.params
+
+    def _decide(self, step: int, start: float, end: float) -> PlanOutcome:
+        try:
+            network: NetworkCost | None = measure_network(self._operation, self._large_bytes)
+            failure = ""
+        except Exception as exc:  # a backend error: every rank failed the same collective
+            network, failure = None, f"timing the backend's all-reduce failed: {exc}"
+        summary = ""
+        chosen = STAY_OUT
+        if self._ranks.rank == 0:
+            chosen, summary = self._plan(network, failure, start, end)
+        try:
+            partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
+            credit = self._ranks.broadcast_int(_encode(chosen.credit_bytes))
+        except Exception as exc:
+            log.warning("bytesched plan: rank %d could not receive rank 0's plan (%s); staying out of the way",
+                        self._ranks.rank, exc)
+            return PlanOutcome(STAY_OUT, step, "staying out of the way: the plan's broadcast failed")
+        params = SchedulingParams(partition_bytes=_decode(partition), credit_bytes=_decode(credit))
+        if self._ranks.rank != 0:
+            summary = f"rank 0's plan: {_describe(params)}"
+        log.debug("bytesched plan (rank %d) from step %d: %s", self._ranks.rank, step, summary)
+        return PlanOutcome(params, step, summary)
+
+    def _plan(self, network: NetworkCost | None, failure: str, start: float,
+              end: float) -> tuple[SchedulingParams, str]:
+        """Rank 0: the sizes to broadcast and the line that says why."""
+        from bytesched.sim import make_cluster
+
+        tasks = self._recorder.step(start, end)
+        if network is None:
+            return self._stay_out(failure)
+        try:
+            profile = measured_profile(tasks, start)
+            cluster = make_cluster(arch=self._arch, workers=self._ranks.size, bucket_bytes=0,
+                                   **network.simulator_options(self._arch, self._ranks.size))
+            started = time.perf_counter()
+            plan = make_plan(profile, cluster)
+            seconds = time.perf_counter() - started
+        except Exception as exc:  # nothing observed, or the simulator refused the measurements
+            return self._stay_out(f"no plan could be made: {exc}")
+        summary = (f"measured {len(tasks)} gradients ({profile.nbytes / 1e6:.1f} MB, compute "
+                   f"{profile.compute_time * 1e3:.0f} ms) and the all-reduce ({network.describe()}); "
+                   f"chose {plan.describe()}, predicted {plan.predicted_speedup:.2f}x over staying out "
+                   f"(planned in {seconds:.2f} s)")
+        log.info("bytesched plan: %s", summary)
+        return _params_of(plan), summary
+
+    @staticmethod
+    def _stay_out(reason: str) -> tuple[SchedulingParams, str]:
+        summary = f"staying out of the way (no partitioning, no credit limit): {reason}"
+        log.warning("bytesched plan: %s", summary)
+        return STAY_OUT, summary
+
+
+def _params_of(plan: Plan) -> SchedulingParams:
+    return plan.params if plan.policy == "bytescheduler" else STAY_OUT
+
+
+def _encode(size: float | None) -> int:
+    assert size is not None  # the plan's sizes are always explicit
+    return UNLIMITED_CODE if size == UNLIMITED else int(size)
+
+
+def _decode(value: int) -> float:
+    return UNLIMITED if value == UNLIMITED_CODE else value
+
+
+def _describe(params: SchedulingParams) -> str:
+    if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
+        return "no partitioning, no credit limit"
+    return f"{format_size(params.partition_bytes)} partitions, {format_size(params.credit_bytes)} credit"  # type: ignore[arg-type]

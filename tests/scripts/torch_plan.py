@@ -1,0 +1,105 @@
+"""Run on 2 ranks under ``horovodrun --gloo`` (``--backend horovod``) or ``torchrun``
+(``--backend dist``): ScheduledOptimizer with no sizes set, so the start-up plan chooses them.
+
+Cases (``--cases``, in order), each training the 8.4 MB-weight "wide" MLP for 8 steps from the
+same weights on the same data as the unscheduled baseline, which it must match bit for bit
+(two-rank sums are exact, so how gradients are partitioned cannot change them):
+
+- ``plan``: crossing the barrier, the plan as a user gets it (it measures this loopback network);
+- ``barrier``: the same in barrier mode;
+- ``forced``: rank 0's simulation is replaced by one that always picks 1 MB partitions under a
+  2 MB credit (only rank 0 runs it), so the follower must apply sizes it never computed itself,
+  and the wide weight is then cut in nine pieces on both ranks;
+- ``failed``: timing the all-reduce raises on every rank (as a backend error would): the job
+  stays out of the way with a warning naming the reason;
+- ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all.
+
+Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
+(sizes as text, ``inf`` unlimited), the step and sizes of ``optimizer.plan``, and its summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import torch
+
+import bytesched.runtime.plan as plan_module
+from bytesched.core import Core, SchedulingParams
+from bytesched.core.config import format_size
+from bytesched.plugins.torch import ScheduledOptimizer
+from bytesched.sim.plan import Plan, make_plan
+from torch_harness import OPTIMIZERS, Reporter, new_model, snapshot, train
+from torch_suites import DistributedFlavor, Flavor, HorovodFlavor, run_baseline
+
+STEPS = 8
+FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
+SET_PARAMS: list[list[str]] = []
+_set_params = Core.set_params
+measure_network = plan_module.measure_network
+
+
+def recording_set_params(core: Core, params: SchedulingParams) -> None:
+    SET_PARAMS.append([format_size(params.partition_bytes), format_size(params.credit_bytes)])  # type: ignore[arg-type]
+    _set_params(core, params)
+
+
+Core.set_params = recording_set_params  # type: ignore[method-assign]
+
+
+def forced_plan(*args: Any) -> Plan:
+    """Rank 0's simulation, replaced: always the FORCED sizes (the real one runs first, so the
+    case pays what a real plan costs)."""
+    real = make_plan(*args)
+    return Plan("bytescheduler", FORCED, real.search_iteration_time, real.stay_out_iteration_time)
+
+
+def failing_network(*args: Any) -> Any:
+    raise RuntimeError("the all-reduce failed (injected by the test)")
+
+
+def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor]) -> None:
+    SET_PARAMS.clear()
+    os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
+    plan_module.make_plan = forced_plan if case == "forced" else make_plan  # type: ignore[assignment]
+    plan_module.measure_network = failing_network if case == "failed" else measure_network  # type: ignore[assignment]
+    if case == "sized":
+        os.environ["BYTESCHED_PARTITION_BYTES"] = "2MB"
+    model = new_model("wide")
+    inner = OPTIMIZERS["sgd"](model.parameters())
+    if backend == "horovod":
+        inner = flavor.baseline(model, inner)
+    optimizer = ScheduledOptimizer(model, inner, cross_barrier=case != "barrier")
+    train(model, optimizer, "wide", flavor.rank, steps=STEPS)
+    optimizer.synchronize()
+    got = snapshot(model)
+    outcome = optimizer.plan
+    optimizer.close()
+    report.same(f"{case}/same_as_unscheduled", expected, got)
+    print("PLAN " + json.dumps({
+        "case": case, "rank": flavor.rank, "set_params": SET_PARAMS,
+        "step": None if outcome is None else outcome.step,
+        "params": None if outcome is None else [format_size(outcome.params.partition_bytes),  # type: ignore[arg-type]
+                                                format_size(outcome.params.credit_bytes)],
+        "summary": None if outcome is None else outcome.summary}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", choices=("horovod", "dist"), required=True)
+    parser.add_argument("--cases", required=True, help="comma-separated: plan, barrier, forced, failed, sized")
+    args = parser.parse_args()
+    flavor: Flavor = HorovodFlavor() if args.backend == "horovod" else DistributedFlavor()
+    torch.set_num_threads(1)
+    report = Reporter(flavor.rank)
+    expected = run_baseline(flavor, "wide", "sgd", steps=STEPS)
+    for case in args.cases.split(","):
+        report.run(case, lambda: run_case(flavor, args.backend, report, case, expected))
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()

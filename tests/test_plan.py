@@ -1,0 +1,205 @@
+"""The start-up plan's pieces without processes: the configuration that switches it on, the
+profile it builds from the Core's observations, the calibration's arithmetic, and the course of
+:class:`StartupPlan` over the steps with a recording Core and ranks. The real 2-rank jobs are in
+test_torch_plan.py and test_mxnet_horovod.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from bytesched.core import Config, ConfigError, from_env
+from bytesched.core.config import UNLIMITED
+from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
+from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
+from bytesched.runtime.plan import STAY_OUT, StartupPlan, wants_plan
+from bytesched.sim import make_cluster, run
+from bytesched.sim.plan import make_plan
+
+
+# -- when it runs -------------------------------------------------------------------------------
+def test_from_env_plans_unless_told_otherwise_or_given_a_size() -> None:
+    assert from_env({}).plan
+    assert not from_env({"BYTESCHED_PLAN": "0"}).plan
+    assert not from_env({"BYTESCHED_PARTITION_BYTES": "2MB"}).plan
+    assert not from_env({"BYTESCHED_CREDIT_BYTES": "inf"}).plan
+    assert not Config().plan  # a Config built in code keeps its explicit sizes
+    with pytest.raises(ConfigError, match="BYTESCHED_PLAN='maybe' is not a switch"):
+        from_env({"BYTESCHED_PLAN": "maybe"})
+
+
+@pytest.mark.parametrize("change, ranks, expected", [
+    ({}, 2, True), ({}, 1, False), ({"policy": "p3"}, 2, False), ({"tuning": True}, 2, False),
+    ({"tuning_load": "best.csv"}, 2, False), ({"plan": False}, 2, False)])
+def test_wants_plan(change: dict[str, Any], ranks: int, expected: bool) -> None:
+    assert wants_plan(dataclasses.replace(Config(plan=True), **change), ranks) is expected
+
+
+# -- what it observes ---------------------------------------------------------------------------
+def _sub(name: str, instance: int, t_ready: float, nbytes: int) -> Any:
+    return SimpleNamespace(task=SimpleNamespace(name=name, instance=instance, t_ready=t_ready), nbytes=nbytes)
+
+
+def test_recorder_sums_a_tasks_pieces_and_keeps_only_the_observed_step() -> None:
+    recorder = StepRecorder()
+    for sub in (_sub("a", 0, 0.5, 100), _sub("b", 0, 10.2, 40), _sub("b", 0, 10.2, 60), _sub("a", 1, 10.4, 100),
+                _sub("c", 0, 20.0, 8)):
+        recorder(sub)
+    assert [(t.name, t.nbytes) for t in recorder.step(10.0, 20.0)] == [("b", 100), ("a", 100)]
+
+
+def test_measured_profile_reads_backward_from_the_ready_times() -> None:
+    """Ready at 40, 50, 70 ms after the step began: backward gaps of 10 and 20 ms (the first
+    layer backward produced gets the median gap, 15 ms); the 25 ms before it are the forward
+    pass, spread 15:10:20 over the layers. Forward order is the reverse of readiness."""
+    tasks = [ObservedTask("head", 0.040, 400), ObservedTask("mid", 0.050, 800), ObservedTask("stem", 0.070, 6)]
+    profile = measured_profile(tasks, start=0.0)
+    assert [layer.name for layer in profile.layers] == ["2:stem", "1:mid", "0:head"]
+    assert [round(layer.backward, 6) for layer in profile.layers] == [0.02, 0.01, 0.015]
+    assert [round(layer.forward, 6) for layer in profile.layers] == [round(0.025 * b / 0.045, 6) for b in
+                                                                     (0.02, 0.01, 0.015)]
+    assert [t.nbytes for layer in profile.layers for t in layer.tensors] == [8, 800, 400]  # whole float32s
+    assert profile.compute_time == pytest.approx(0.070)
+
+
+def test_measured_profile_of_nothing_says_so() -> None:
+    with pytest.raises(NothingObserved, match="no gradient was communicated"):
+        measured_profile([], start=0.0)
+
+
+# -- what it measures ---------------------------------------------------------------------------
+def test_network_cost_reproduces_both_operations_in_the_simulators_model() -> None:
+    """2 ranks: a 4-byte all-reduce of 1 ms and 10 MB in 81 ms give an overhead of 1 ms and a
+    ring whose 2(n-1)/n = 1 x 10 MB take 80 ms: 125 MB/s."""
+    cost = NetworkCost(0.001, 0.081, 10_000_000)
+    assert cost.simulator_options("allreduce", 2) == {"overhead": 0.001, "latency": 0.0,
+                                                       "bandwidth": pytest.approx(125e6)}
+    with pytest.raises(ValueError, match="calibration is inconsistent"):
+        NetworkCost(0.01, 0.001, 10)
+
+
+def test_large_operation_is_the_model_within_bounds() -> None:
+    assert large_bytes_for(100) == 1_000_000
+    assert large_bytes_for(8_800_002) == 8_800_000
+    assert large_bytes_for(10**9) == 16_000_000
+
+
+def test_measure_network_times_each_size_after_an_untimed_call() -> None:
+    calls: list[int] = []
+
+    def operation(nbytes: int) -> Callable[[], None]:
+        return lambda: calls.append(nbytes)
+
+    cost = measure_network(lambda n: operation(n) if n == 4 else (lambda: (calls.append(n), _spin(0.002))),
+                           large_bytes=1_000_000)
+    assert calls.count(4) == 11 and calls.count(1_000_000) == 4
+    assert cost.fixed_seconds < cost.large_seconds
+
+
+def _spin(seconds: float) -> None:
+    import time
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+# -- its course over the steps ------------------------------------------------------------------
+class RecordingCore:
+    def __init__(self) -> None:
+        self.observer: Callable[[Any], None] | None = None
+        self.switches: list[Any] = []
+
+    def observe(self, observer: Callable[[Any], None] | None) -> None:
+        self.switches.append(observer)
+        self.observer = observer
+
+
+class BroadcastingRanks:
+    """Rank ``rank`` of 2; broadcast_int returns ``answers`` in turn (rank 0's values)."""
+
+    def __init__(self, rank: int, answers: list[int] | None = None) -> None:
+        self.rank, self.size, self.order = rank, 2, "immediate"
+        self.sent: list[int] = []
+        self._answers = answers
+
+    def barrier(self) -> None:
+        pass
+
+    def broadcast_int(self, value: int) -> int:
+        self.sent.append(value)
+        return self._answers.pop(0) if self._answers is not None else value
+
+
+def _timed(fixed: float, large: float) -> Callable[[int], Callable[[], None]]:
+    return lambda nbytes: (lambda: _spin(fixed if nbytes == 4 else large))
+
+
+def _observed_step(core: RecordingCore) -> None:
+    """What the Core hands the observer in a step: eight 4 MB gradients, 2 ms of backward apart."""
+    import time
+    for i in range(8):
+        _spin(0.002)
+        core.observer(_sub(f"g{i}", 1, time.monotonic(), 4_000_000))  # type: ignore[misc]
+
+
+def test_rank0_plans_from_the_observed_step_and_broadcasts_its_choice() -> None:
+    core, ranks, drains = RecordingCore(), BroadcastingRanks(0), []
+    plan = StartupPlan(core, ranks, _timed(0.0002, 0.004), arch="allreduce", model_bytes=32_000_000,
+                       drain=lambda: drains.append(1))
+    assert plan.on_step(0) == STAY_OUT and not drains
+    assert plan.on_step(1) is None and drains == [1] and core.observer is not None
+    _observed_step(core)
+    params = plan.on_step(2)
+    assert drains == [1, 1] and core.switches[-1] is None and plan.done
+    assert params == plan.outcome.params and plan.outcome.step == 2  # type: ignore[union-attr]
+    encoded = [0 if s == UNLIMITED else s for s in (params.partition_bytes, params.credit_bytes)]  # type: ignore[union-attr]
+    assert ranks.sent == encoded
+    assert "measured 8 gradients (32.0 MB" in plan.outcome.summary  # type: ignore[union-attr]
+    assert plan.on_step(3) is None
+
+
+def test_a_follower_applies_what_rank0_broadcast() -> None:
+    core = RecordingCore()
+    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1_000_000, 0]), _timed(0.0001, 0.001),
+                       arch="allreduce", model_bytes=1_000_000, drain=lambda: None)
+    plan.on_step(0)
+    plan.on_step(1)
+    params = plan.on_step(2)
+    assert (params.partition_bytes, params.credit_bytes) == (1_000_000, math.inf)  # type: ignore[union-attr]
+    assert plan.outcome.summary == "rank 0's plan: 1MB partitions, inf credit"  # type: ignore[union-attr]
+
+
+def test_rank0_with_nothing_observed_stays_out_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    plan = StartupPlan(RecordingCore(), BroadcastingRanks(0), _timed(0.0001, 0.001), arch="allreduce",
+                       model_bytes=1_000_000, drain=lambda: None)
+    plan.on_step(0)
+    plan.on_step(1)
+    assert plan.on_step(2) == STAY_OUT
+    assert "no gradient was communicated in the observed step" in caplog.text
+
+
+def test_a_plan_first_told_of_a_later_step_is_a_usage_error() -> None:
+    plan = StartupPlan(RecordingCore(), BroadcastingRanks(0), _timed(0.0001, 0.001), arch="allreduce",
+                       model_bytes=1_000_000, drain=lambda: None)
+    with pytest.raises(RuntimeError, match="first told of step 5"):
+        plan.on_step(5)
+
+
+def test_the_simulator_keeps_out_of_the_way_where_messages_cost_more_than_they_save() -> None:
+    """The same observed step on a network whose every all-reduce costs 20 ms fixed: partitions
+    only add messages, so the plan stays out; on a slow link with cheap messages it schedules."""
+    tasks = [ObservedTask(f"g{i}", 0.05 + 0.02 * i, 4_000_000) for i in range(8)]
+    profile = measured_profile(tasks, start=0.0)
+    costly = make_cluster(arch="allreduce", workers=2, bucket_bytes=0,
+                          **NetworkCost(0.020, 0.030, 16_000_000).simulator_options("allreduce", 2))
+    assert make_plan(profile, costly).policy == "fifo"
+    slow = make_cluster(arch="allreduce", workers=2, bucket_bytes=0,
+                        **NetworkCost(0.0002, 0.130, 16_000_000).simulator_options("allreduce", 2))
+    chosen = make_plan(profile, slow)
+    assert chosen.policy == "bytescheduler" and chosen.predicted_speedup > 1.01
+    assert run(profile, slow, "bytescheduler", chosen.params).iteration_time < \
+        run(profile, slow, "fifo", STAY_OUT).iteration_time

@@ -1,0 +1,122 @@
+"""The start-up plan in the PyTorch plugin, end to end: real 2-rank jobs (horovodrun over Gloo,
+torchrun) with no sizes set, against the unscheduled baseline.
+
+Each launch runs several cases of tests/scripts/torch_plan.py (module-scoped fixtures). The
+plan's pieces without processes (the observed profile, the calibration's arithmetic, the
+conditions it runs under) are in test_plan.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+import pytest
+
+from conftest import SCRIPTS, require, require_executable, run_job
+from test_torch_plugin import Launch, free_port, job_env
+
+PLAN_RE = re.compile(r"PLAN (\{.*\})")
+PLANNED_STEP = 2
+STAY_OUT = ["inf", "inf"]
+
+
+class PlanLaunch(Launch):
+    """A launch of torch_plan.py: its CASE lines, plus each rank's PLAN report per case."""
+
+    def reports(self, case: str) -> dict[int, dict[str, Any]]:
+        reports = [json.loads(m.group(1)) for m in PLAN_RE.finditer(self.output)]
+        by_rank = {r["rank"]: r for r in reports if r["case"] == case}
+        assert sorted(by_rank) == list(range(self.ranks)), \
+            f"{case}: PLAN from ranks {sorted(by_rank)}; output tail:\n{self.output[-3000:]}"
+        return by_rank
+
+    def agreed(self, case: str) -> dict[str, Any]:
+        """Unchanged results, and every rank applied the same sizes at the same steps."""
+        self.check([f"{case}/same_as_unscheduled"])
+        reports = self.reports(case)
+        first = reports[0]
+        for rank, report in reports.items():
+            assert (report["set_params"], report["step"], report["params"]) == \
+                (first["set_params"], first["step"], first["params"]), \
+                f"{case}: rank {rank} applied {report['set_params']} (plan {report['params']} at step " \
+                f"{report['step']}), rank 0 {first['set_params']} (plan {first['params']} at step {first['step']})"
+        return first
+
+
+def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) -> PlanLaunch:
+    env = {**job_env(), "BYTESCHED_LOG_LEVEL": "INFO"}
+    env.pop("BYTESCHED_PARTITION_BYTES", None)
+    env.pop("BYTESCHED_CREDIT_BYTES", None)
+    result = run_job([*launcher, SCRIPTS / "torch_plan.py", "--backend", backend, "--cases", cases],
+                     timeout=timeout, env=env)
+    return PlanLaunch(2, result.stdout, result.returncode)
+
+
+@pytest.fixture(scope="module")
+def horovod_job() -> PlanLaunch:
+    require("horovod.torch", "Horovod built with PyTorch")
+    launcher = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable]
+    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized", timeout=240)
+
+
+@pytest.fixture(scope="module")
+def dist_job() -> PlanLaunch:
+    launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    return torch_plan(launcher, "dist", "plan,forced,failed", timeout=240)
+
+
+@pytest.fixture(params=["horovod", "dist"])
+def job(request: pytest.FixtureRequest) -> PlanLaunch:
+    return request.getfixturevalue(f"{request.param}_job")
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_plan_runs_by_default_and_every_rank_applies_rank0s_choice_at_step_2(job: PlanLaunch) -> None:
+    """No sizes set: both ranks stay out of the way from step 0, apply the same planned sizes at
+    step 2, and train the same bits as the unscheduled baseline; rank 0 logs what it measured."""
+    agreed = job.agreed("plan")
+    assert agreed["step"] == PLANNED_STEP
+    assert agreed["set_params"] == [STAY_OUT, agreed["params"]]
+    rank0 = job.reports("plan")[0]["summary"]
+    assert re.search(r"measured 3 gradients \(8\.\d MB, compute \d+ ms\) and the all-reduce .*; chose .*, "
+                     r"predicted \d\.\d\dx over staying out", rank0), rank0
+    assert "bytesched plan: measured" in job.output
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_followers_apply_sizes_only_rank0_computed(job: PlanLaunch) -> None:
+    """Rank 0's simulation always picks 1 MB / 2 MB: the follower applies exactly that at step 2
+    (so the 8.4 MB weight is cut alike on both ranks: in rank-0 order, a mismatch would deadlock)."""
+    agreed = job.agreed("forced")
+    assert agreed["set_params"] == [STAY_OUT, ["1MB", "2MB"]]
+    assert agreed["step"] == PLANNED_STEP
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job: PlanLaunch) -> None:
+    agreed = job.agreed("failed")
+    assert agreed["set_params"] == [STAY_OUT, STAY_OUT]
+    assert "timing the backend's all-reduce failed: the all-reduce failed (injected by the test)" in \
+        job.reports("failed")[0]["summary"]
+    assert "[bytesched WARNING] bytesched plan: staying out of the way" in job.output
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_plan_in_barrier_mode(horovod_job: PlanLaunch) -> None:
+    agreed = horovod_job.agreed("barrier")
+    assert agreed["step"] == PLANNED_STEP and agreed["set_params"] == [STAY_OUT, agreed["params"]]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_explicit_sizes_win_over_the_plan(horovod_job: PlanLaunch) -> None:
+    """BYTESCHED_PARTITION_BYTES set: no plan, and the sizes are never switched."""
+    agreed = horovod_job.agreed("sized")
+    assert agreed["step"] is None and agreed["set_params"] == []
