@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import bytesched.plugins.torch.optimizer as optimizer_module
 from bytesched.core import from_env
 from bytesched.tuning import TuningProtocolError, make_session
-from torch_harness import MODELS, OPTIMIZERS, Reporter, new_model, snapshot, train
+from torch_harness import OPTIMIZERS, Reporter, new_model, snapshot, train
 from torch_suites import DEFAULT, DistributedFlavor, Flavor, HorovodFlavor, run_baseline
 from tuning_ranks import FaultyBroadcasts
 
