@@ -13,9 +13,9 @@ Ctrl-C. Otherwise it runs unshaped and says why.
 That model computes on the same CPU cores that communicate, where scheduling has nothing to
 overlap. So, with shaping, the demo then trains an emulated VGG16 whose layers sleep for their
 (scaled) compute time, as a GPU would leave the CPU free, on two emulated hosts joined at
-``--emulated-bandwidth``: plain Horovod against bytesched with the partition and credit the
-simulator picks for the measured network (``python -m benchmarks emulated``, configuration
-``bytescheduler-sim``; median of three interleaved rounds).
+``--emulated-bandwidth``: plain Horovod against bytesched with no settings, which picks its
+partition and credit at start-up from its own measured step and network (the start-up plan:
+``python -m benchmarks emulated``, configuration ``plan``; median of three interleaved rounds).
 
     .venv/bin/python scripts/demo.py [--bandwidth 3gbit] [--no-shaping] [--no-emulated]
 """
@@ -152,23 +152,23 @@ def emulated(args: argparse.Namespace, shaping: bool) -> None:
         return
     rate = format_rate(args.emulated_rate)
     print(f"\n== Emulated VGG16 compute (layers sleep, the CPU stays free as with a GPU), 2 hosts at "
-          f"{rate} per direction: plain Horovod vs bytesched (simulator's sizes)", flush=True)
+          f"{rate} per direction: plain Horovod vs bytesched with no settings (start-up plan)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bytesched-demo-") as folder:
         out = Path(folder) / "emulated.json"
         command = [sys.executable, "-m", "benchmarks", "emulated", "--frameworks",
                    "torch-horovod", "--models", "vgg16", "--bandwidths", args.emulated_bandwidth, "--ranks", "2",
-                   "--configs", "vanilla,bytescheduler-sim", "--repeats", "3", "--json", str(out)]
+                   "--configs", "vanilla,plan", "--repeats", "3", "--json", str(out)]
         if subprocess.run(command, cwd=REPO).returncode != 0:
             raise SystemExit("the emulated-compute benchmark failed (its output is above)")
         [group] = load(out)["groups"]
     cells = {cell.config: cell for cell in summarize(group)}
-    base, sched = cells["vanilla"], cells["bytescheduler-sim"]
+    base, sched = cells["vanilla"], cells["plan"]
     if base.throughput is None or sched.throughput is None or sched.speedup is None:
         raise SystemExit("the emulated-compute benchmark reported no runs")
     print(f"\n== Result (emulated VGG16 compute, {rate} per host; samples/s, median of "
           f"{sched.throughput.count} rounds; speedup over plain Horovod in the same round, median [min-max])")
     print(f"  {'plain Horovod':<36} {base.throughput.median:8.1f}  1.00x")
-    print(f"  {'bytesched (simulator sizes)':<36} {sched.throughput.median:8.1f}  {sched.speedup.median:.2f}x "
+    print(f"  {'bytesched (no settings: start-up plan)':<36} {sched.throughput.median:8.1f}  {sched.speedup.median:.2f}x "
           f"[{sched.speedup.low:.2f}-{sched.speedup.high:.2f}]")
 
 

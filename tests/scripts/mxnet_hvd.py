@@ -6,7 +6,9 @@ momentum (which MXNet updates four tensors per call) and once with Adam (one per
 ``HVD MXNET EQUAL rank=R subtasks=N`` when every pair of runs ends with identical weights, or
 ``HVD MXNET DIFFER ...``. With tuning switched on (``BYTESCHED_TUNING``), each scheduled run
 also prints ``HVD MXNET KEPT rank=R optimizer=O partition=P credit=C`` (``none`` while the search
-had not ended); ``--steps`` sets the training steps (12).
+had not ended). With no sizes set (the start-up plan), each scheduled run prints ``HVD MXNET PLAN
+rank=R optimizer=O step=S partition=P credit=C`` (``none`` if no plan was applied); ``--steps``
+sets the training steps (12).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
         loss.backward()
         trainer.step(16)
     weights = [p.data().asnumpy() for p in params.values()]
+    if scheduled and opt._config.plan:
+        plan = opt.plan
+        applied = "none" if plan is None else \
+            f"step={plan.step} partition={plan.params.partition_bytes} credit={plan.params.credit_bytes}"
+        print(f"HVD MXNET PLAN rank={hvd.rank()} optimizer={optimizer} {applied}", flush=True)
     if scheduled and opt._config.tuning:
         kept = opt.tuned_params
         sizes = "none" if kept is None else f"partition={kept.partition_bytes} credit={kept.credit_bytes}"

@@ -22,14 +22,16 @@ Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``) runs a
 parameters give the model's size that fits the tuner's lattice. A Trainer index updated again
 begins a new step (Gluon updates each parameter once per step); there, once the last step's
 weights are written, the session hears of the step and the sizes it returns apply from that
-step's first all-reduce on every rank.
+step's first all-reduce on every rank. With no sizes set, the start-up plan
+(:mod:`bytesched.runtime.plan`) is driven at the same boundaries, and its calibration all-reduces
+run where the gradients live (the first weight's context).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import horovod.mxnet as hvd
 import mxnet as mx
@@ -40,6 +42,7 @@ from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
+from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.tuning import TuningSession, make_session
 
 from .fusion import Bucket
@@ -78,9 +81,13 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self.tuned_params: SchedulingParams | None = None
         """The partition and credit sizes tuning kept, the same on every rank (None while tuning
         still searches, and without tuning)."""
+        self._plan_wanted = wants_plan(self._config, hvd.size())
+        self._plan: StartupPlan | None = None  # made at the first update, like the tuning session
+        self.plan: PlanOutcome | None = None
+        """The sizes the start-up plan chose and every rank applied, once it did."""
         self._step = -1
-        self._seen: set[int] = set()  # Trainer indices updated in this step (tuning only)
-        self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning only)
+        self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
+        self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_hvd" not in self.__dict__:
@@ -135,8 +142,13 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._tuning_wanted = False
             self._tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
                                         arch="allreduce", model_bytes=self._model_bytes(grads))
-        if self._tuning is not None:
-            self._tuning_step(self._tuning, indices, weights)
+        if self._plan_wanted:
+            self._plan_wanted = False
+            context = weights[0].context
+            self._plan = StartupPlan(self._core, _HorovodRanks(), lambda nbytes: _allreduce_of(nbytes, context),
+                                     arch="allreduce", model_bytes=self._model_bytes(grads), drain=self._wait_written)
+        if self._tuning is not None or self._plan is not None:
+            self._step_boundary(indices, weights)
         self._allreduce(indices, grads)
         if single:
             apply(index, weight, grad, state)
@@ -158,26 +170,38 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                        for p in params.values() if p.grad_req != "null")
         return sum(g.size * np.dtype(g.dtype).itemsize for g in grads)
 
-    def _tuning_step(self, session: TuningSession, indices: Sequence[Any],
-                     weights: Sequence[mx.nd.NDArray]) -> None:
+    def _step_boundary(self, indices: Sequence[Any], weights: Sequence[mx.nd.NDArray]) -> None:
         """Before an update of ``indices``: if one of them was already updated this step (or
-        nothing was yet), a step begins; tell the session, after the previous step's weights
-        are written (trials time finished steps, not queued ones), and apply what it switches to."""
+        nothing was yet), a step begins; tell the plan or the tuning session, after the previous
+        step's weights are written (the plan observes finished steps, and trials time them, not
+        queued ones), and apply what they switch to."""
         if self._step < 0 or not self._seen.isdisjoint(indices):
-            for weight in self._written:
-                weight.wait_to_read()
+            self._wait_written()
             self._step += 1
             self._seen.clear()
             self._written.clear()
-            params = session.on_step(self._step)
+            params = None
+            if self._plan is not None:
+                params = self._plan.on_step(self._step)
+                if self._plan.done:
+                    self.plan = self._plan.outcome
+                    self._plan = None
+            if self._tuning is not None:
+                params = self._tuning.on_step(self._step)
+                if self._tuning.done:
+                    self.tuned_params = self._tuning.final
+                    self._tuning = None
             if params is not None:
                 self.set_params(params)
-            if session.done:
-                self.tuned_params = session.final
-                self._tuning = None
+            if self._plan is None and self._tuning is None:
                 return
         self._seen.update(indices)
         self._written.extend(weights)
+
+    def _wait_written(self) -> None:
+        """Until the weights this step's updates write are written (its all-reduces done)."""
+        for weight in self._written:
+            weight.wait_to_read()
 
     # -- the scheduled all-reduce -------------------------------------------------------------
     def _allreduce(self, indices: Sequence[Any], grads: Sequence[mx.nd.NDArray]) -> None:
@@ -255,6 +279,16 @@ class _HorovodRanks:
         hvd.allreduce(mx.nd.zeros(1), name="bytesched.barrier").wait_to_read()
 
     def broadcast_int(self, value: int) -> int:
-        """How rank 0 tells the others its channel's free port."""
-        shared = hvd.broadcast(mx.nd.array([value], dtype="int64"), root_rank=0, name="bytesched.channel_port")
+        """How rank 0 tells the others its channel's free port and its start-up plan."""
+        shared = hvd.broadcast(mx.nd.array([value], dtype="int64"), root_rank=0, name="bytesched.broadcast_int")
         return int(shared.asnumpy()[0])
+
+
+def _allreduce_of(nbytes: int, context: mx.Context) -> Callable[[], None]:
+    """A blocking all-reduce of ``nbytes`` on ``context``, as a gradient's (the plan times it)."""
+    buffer = mx.nd.zeros(max(nbytes // 4, 1), ctx=context, dtype="float32")
+
+    def allreduce() -> None:
+        hvd.allreduce_(buffer, average=False, name=f"bytesched.calibrate.{nbytes}")
+        buffer.wait_to_read()
+    return allreduce
