@@ -167,8 +167,8 @@ def emulated(args: argparse.Namespace, shaping: bool) -> None:
         raise SystemExit("the emulated-compute benchmark reported no runs")
     print(f"\n== Result (emulated VGG16 compute, {rate} per host; samples/s, median of "
           f"{sched.throughput.count} rounds; speedup over plain Horovod in the same round, median [min-max])")
-    print(f"  {'plain Horovod':<36} {base.throughput.median:8.1f}  1.00x")
-    print(f"  {'bytesched (no settings: start-up plan)':<36} {sched.throughput.median:8.1f}  {sched.speedup.median:.2f}x "
+    print(f"  {'plain Horovod':<40} {base.throughput.median:8.1f}  1.00x")
+    print(f"  {'bytesched (no settings: start-up plan)':<40} {sched.throughput.median:8.1f}  {sched.speedup.median:.2f}x "
           f"[{sched.speedup.low:.2f}-{sched.speedup.high:.2f}]")
 
 
