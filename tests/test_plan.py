@@ -109,6 +109,8 @@ def _spin(seconds: float) -> None:
 
 # -- its course over the steps ------------------------------------------------------------------
 class RecordingCore:
+    order = "immediate"
+
     def __init__(self) -> None:
         self.observer: Callable[[Any], None] | None = None
         self.switches: list[Any] = []
@@ -203,3 +205,41 @@ def test_the_simulator_keeps_out_of_the_way_where_messages_cost_more_than_they_s
     assert chosen.policy == "bytescheduler" and chosen.predicted_speedup > 1.01
     assert run(profile, slow, "bytescheduler", chosen.params).iteration_time < \
         run(profile, slow, "fifo", STAY_OUT).iteration_time
+
+
+def test_no_optimizer_joins_a_core_already_in_its_agreed_sequence() -> None:
+    """A sequence covers the tasks of the optimizers that existed when it was agreed: a later
+    optimizer asking for the same Core is refused with the way out, instead of issuing
+    collectives outside the sequence."""
+    from bytesched.core import init, shutdown
+    from bytesched.runtime import start_core
+
+    config = Config(fault_timeout_s=0.0)
+    core = init(config, rank=0, order="immediate")
+    try:
+        core.start_in_sequence(["fc", "conv"])
+        with pytest.raises(RuntimeError, match="create every ScheduledOptimizer before the first step"):
+            start_core(config, BroadcastingRanks(0))
+    finally:
+        shutdown()
+
+
+@pytest.mark.parametrize("order, margin", [("immediate", 0.01), ("rank0", 0.05)])
+def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
+        order: str, margin: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where every partition also waits for rank 0's announcement (torch.distributed), which the
+    simulator does not model, a sized plan must be predicted 5 % faster than staying out."""
+    import bytesched.runtime.plan as plan_module
+
+    margins: list[float] = []
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin: margins.append(margin) or
+                        make_plan(profile, cluster, margin))
+    core = RecordingCore()
+    core.order = order  # type: ignore[misc]
+    plan = StartupPlan(core, BroadcastingRanks(0), _timed(0.0002, 0.004), arch="allreduce",
+                       model_bytes=32_000_000, drain=lambda: None)
+    plan.on_step(0)
+    plan.on_step(1)
+    _observed_step(core)
+    plan.on_step(2)
+    assert margins == [margin]

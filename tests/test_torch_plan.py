@@ -8,6 +8,7 @@ conditions it runs under) are in test_plan.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -23,8 +24,11 @@ PLANNED_STEP = 2
 STAY_OUT = ["inf", "inf"]
 
 
+@dataclasses.dataclass
 class PlanLaunch(Launch):
     """A launch of torch_plan.py: its CASE lines, plus each rank's PLAN report per case."""
+
+    backend: str = ""
 
     def reports(self, case: str) -> dict[int, dict[str, Any]]:
         reports = [json.loads(m.group(1)) for m in PLAN_RE.finditer(self.output)]
@@ -39,11 +43,17 @@ class PlanLaunch(Launch):
         reports = self.reports(case)
         first = reports[0]
         for rank, report in reports.items():
-            assert (report["set_params"], report["step"], report["params"]) == \
-                (first["set_params"], first["step"], first["params"]), \
+            assert (report["set_params"], report["step"], report["params"], report["order"]) == \
+                (first["set_params"], first["step"], first["params"], first["order"]), \
                 f"{case}: rank {rank} applied {report['set_params']} (plan {report['params']} at step " \
-                f"{report['step']}), rank 0 {first['set_params']} (plan {first['params']} at step {first['step']})"
+                f"{report['step']}, order {report['order']}), rank 0 {first['set_params']} (plan {first['params']} " \
+                f"at step {first['step']}, order {first['order']})"
         return first
+
+    @property
+    def backend_order(self) -> str:
+        """The order mode the backend needs (Horovod orders collectives itself)."""
+        return "immediate" if self.backend == "horovod" else "rank0"
 
 
 def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) -> PlanLaunch:
@@ -52,7 +62,7 @@ def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) ->
     env.pop("BYTESCHED_CREDIT_BYTES", None)
     result = run_job([*launcher, SCRIPTS / "torch_plan.py", "--backend", backend, "--cases", cases],
                      timeout=timeout, env=env)
-    return PlanLaunch(2, result.stdout, result.returncode)
+    return PlanLaunch(2, result.stdout, result.returncode, backend=backend)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +91,8 @@ def test_plan_runs_by_default_and_every_rank_applies_rank0s_choice_at_step_2(job
     agreed = job.agreed("plan")
     assert agreed["step"] == PLANNED_STEP
     assert agreed["set_params"] == [STAY_OUT, agreed["params"]]
+    stays_out = agreed["params"] == STAY_OUT and job.backend == "dist"
+    assert agreed["order"] == ("sequence" if stays_out else job.backend_order)
     rank0 = job.reports("plan")[0]["summary"]
     assert re.search(r"measured 3 gradients \(8\.\d MB, compute \d+ ms\) and the all-reduce .*; chose .*, "
                      r"predicted \d\.\d\dx over staying out", rank0), rank0
@@ -95,6 +107,7 @@ def test_followers_apply_sizes_only_rank0_computed(job: PlanLaunch) -> None:
     agreed = job.agreed("forced")
     assert agreed["set_params"] == [STAY_OUT, ["1MB", "2MB"]]
     assert agreed["step"] == PLANNED_STEP
+    assert agreed["order"] == job.backend_order  # sized: rank 0 still decides the order
 
 
 @pytest.mark.multiproc
@@ -102,6 +115,9 @@ def test_followers_apply_sizes_only_rank0_computed(job: PlanLaunch) -> None:
 def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job: PlanLaunch) -> None:
     agreed = job.agreed("failed")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT]
+    # Staying out over torch.distributed: every rank follows the buckets' backward order, as DDP
+    # does, instead of rank 0's announcements (Horovod orders collectives itself anyway).
+    assert agreed["order"] == ("sequence" if job.backend == "dist" else "immediate")
     assert "timing the backend's all-reduce failed: the all-reduce failed (injected by the test)" in \
         job.reports("failed")[0]["summary"]
     assert "[bytesched WARNING] bytesched plan: staying out of the way" in job.output

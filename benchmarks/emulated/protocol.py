@@ -23,12 +23,16 @@ def emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def emit_run(config: str, round_number: int, usage: Usage, steps: int, samples_per_step: int) -> None:
+def emit_run(config: str, round_number: int, usage: Usage, steps: int, samples_per_step: int,
+             plan: str | None = None) -> None:
     """Report one measured run of ``steps`` steps, each training on ``samples_per_step`` samples
-    across all ranks (rank 0 calls it)."""
-    emit({"config": config, "round": round_number, "seconds": usage.seconds, "steps": steps,
-          "samples_per_second": samples_per_step * steps / usage.seconds, "pid": os.getpid(),
-          "cpu_seconds": usage.cpu_seconds, "machine_busy": usage.machine_busy})
+    across all ranks (rank 0 calls it), with the start-up plan's summary if it ran one."""
+    record = {"config": config, "round": round_number, "seconds": usage.seconds, "steps": steps,
+              "samples_per_second": samples_per_step * steps / usage.seconds, "pid": os.getpid(),
+              "cpu_seconds": usage.cpu_seconds, "machine_busy": usage.machine_busy}
+    if plan is not None:
+        record["plan"] = plan
+    emit(record)
 
 
 def parse(lines: Iterable[str]) -> list[dict[str, Any]]:

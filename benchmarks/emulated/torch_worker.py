@@ -92,8 +92,10 @@ class Backend:
         return lambda: torch.distributed.all_reduce(tensor)
 
 
-def measure(backend: Backend, workload: Workload, config: Configuration, steps: int, warmup: int) -> Usage:
-    """The time and CPU of ``steps`` training steps after ``warmup`` untimed ones (communication done)."""
+def measure(backend: Backend, workload: Workload, config: Configuration, steps: int,
+            warmup: int) -> tuple[Usage, str | None]:
+    """The time and CPU of ``steps`` training steps after ``warmup`` untimed ones (communication
+    done), and the start-up plan's summary where bytesched made one."""
     optimizer = backend.optimizer(workload, config)
     try:
         clock = Stopwatch()
@@ -108,7 +110,9 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
             optimizer.step()
         if config.scheduled:
             optimizer.synchronize()
-        return clock.stop()
+        plan = getattr(optimizer, "plan", None)
+        order = " (tasks in the buckets' agreed order)" if config.scheduled and optimizer.core.sequenced else ""
+        return clock.stop(), None if plan is None else plan.summary + order
     finally:
         if config.scheduled:
             optimizer.close()
@@ -154,9 +158,9 @@ def run(args: argparse.Namespace, backend: Backend) -> None:
     for name, round_number in args.runs:
         config = configuration(name, args.sizes)
         workload = Workload(args.model, profile, batch)
-        usage = measure(backend, workload, config, args.steps, args.warmup)
+        usage, plan = measure(backend, workload, config, args.steps, args.warmup)
         if backend.rank == 0:
-            emit_run(name, round_number, usage, args.steps, backend.size * batch)
+            emit_run(name, round_number, usage, args.steps, backend.size * batch, plan)
 
 
 if __name__ == "__main__":

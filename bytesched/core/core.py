@@ -16,11 +16,12 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from .config import Config, SchedulingParams
 from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
 from .policies.follow import SubTaskKey
+from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
 from .task import CommTask, SubTask
 
@@ -120,6 +121,8 @@ class Core:
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
         self._observer: Callable[[SubTask], None] | None = None
+        self.sequenced = False
+        """Every rank starts tasks in one agreed cycle of names (:meth:`start_in_sequence`)."""
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -183,14 +186,41 @@ class Core:
         """New partition/credit sizes; callers apply them at a step all ranks agreed on."""
         self._events.put((_PARAMS, params))
 
-    def observe(self, observer: Callable[[SubTask], None] | None, timeout: float = 10.0) -> None:
+    def observe(self, observer: Callable[[SubTask], None] | None) -> None:
         """From now on, also hand every finished sub-task to ``observer`` (None: stop), on the
         Core thread, as the timeline gets them: how the start-up plan sees a step's gradients.
         Returns once the Core switched, so the caller may then read what the old one recorded."""
-        switched = threading.Event()
-        self.call_soon(lambda: (setattr(self, "_observer", observer), switched.set()))
-        if not switched.wait(timeout):
+        self._call_and_wait(lambda: setattr(self, "_observer", observer))
+
+    def start_in_sequence(self, names: Sequence[str]) -> None:
+        """From now on, every rank starts whole tasks in the cycle ``names`` (each task name once
+        per step, the same list on every rank), and rank 0 announces nothing
+        (:class:`~.policies.sequence.SequencePolicy`). For a ``rank0``-order job that stays out
+        of the way; call it on every rank at the same step boundary, with nothing in flight."""
+        def switch() -> None:
+            leader = getattr(self.policy, "leader", self.policy)
+            self.policy = SequencePolicy(leader, names)
+            self.scheduler.set_policy(self.policy)
+            self._publish = False
+            self.sequenced = True
+        self._call_and_wait(switch)
+
+    def _call_and_wait(self, fn: Callable[[], None], timeout: float = 10.0) -> None:
+        """Run ``fn`` on the Core thread, in order with the other events, and wait for it."""
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the caller, the Core goes on
+                errors.append(exc)
+            done.set()
+        self.call_soon(call)
+        if not done.wait(timeout):
             raise RuntimeError(f"bytesched Core did not answer within {timeout:g} s (is it running?)")
+        if errors:
+            raise errors[0]
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the Core thread, in order with the other events."""
@@ -199,10 +229,7 @@ class Core:
     def take_stats(self) -> Stats:
         """Counters since the previous call, read consistently on the Core thread."""
         box: list[Stats] = []
-        done = threading.Event()
-        self.call_soon(lambda: (box.append(self.scheduler.take_stats()), done.set()))
-        if not done.wait(10.0) or not box:
-            raise RuntimeError("bytesched Core did not answer within 10 s (is it running?)")
+        self._call_and_wait(lambda: box.append(self.scheduler.take_stats()))
         return box[0]
 
     def describe_waiting(self, timeout: float = 2.0) -> str:

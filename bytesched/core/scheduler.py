@@ -46,7 +46,6 @@ class Scheduler:
     """Algorithm 1's state: partitioned tasks, the policy's ready queue and the credit window."""
 
     def __init__(self, policy: Policy) -> None:
-        self.policy = policy
         self.window = Window()
         self.stats = Stats()
         self._instances: defaultdict[str, int] = defaultdict(int)
@@ -54,11 +53,7 @@ class Scheduler:
         self._unfinished: dict[int, CommTask] = {}  # by seq, so in enqueue order
         self.waiting = 0
         """Ready sub-tasks not started yet (the policy's ``len``, counted without calling it)."""
-        # The policy's observation hooks, or None where it keeps the default no-op: the finish
-        # hook would otherwise be an empty call per sub-task.
-        self._on_enqueue = _hook(policy, "on_enqueue")
-        self._on_ready = _hook(policy, "on_ready")
-        self._on_finish = _hook(policy, "on_finish")
+        self.set_policy(policy)
 
     # -- events -------------------------------------------------------------------------------
     def enqueue(self, task: CommTask, now: float) -> None:
@@ -154,6 +149,17 @@ class Scheduler:
         enqueued from now on (a task is never re-partitioned while in the queue)."""
         self.policy.set_params(params)
         return self.schedule(now)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Hand the ready queue to ``policy`` from now on (only while no sub-task waits in it)."""
+        if self.waiting:
+            raise SchedulingError(f"cannot change the policy while {self.waiting} ready sub-task(s) wait")
+        self.policy = policy
+        # The policy's observation hooks, or None where it keeps the default no-op: the finish
+        # hook would otherwise be an empty call per sub-task.
+        self._on_enqueue = _hook(policy, "on_enqueue")
+        self._on_ready = _hook(policy, "on_ready")
+        self._on_finish = _hook(policy, "on_finish")
 
     def announce(self, keys: Iterable[SubTaskKey], now: float) -> list[SubTask]:
         """Rank 0 started these sub-tasks in this order (followers in rank0 mode only)."""

@@ -66,8 +66,9 @@ class Plan:
                 f"{self.params.credit_bytes / 1e6:g} MB credit")
 
 
-def make_plan(profile: ModelProfile, cluster: Cluster) -> Plan:
-    """The fastest candidate for ``profile`` on ``cluster`` (fifo unless a sized one clearly wins)."""
+def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_MARGIN) -> Plan:
+    """The fastest candidate for ``profile`` on ``cluster``: fifo unless a sized one is predicted
+    faster by ``margin`` (a fraction of fifo's iteration time)."""
     def seconds(policy: str, params: SchedulingParams) -> float:
         return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS,
                    warmup=SEARCH_WARMUP).iteration_time
@@ -76,6 +77,6 @@ def make_plan(profile: ModelProfile, cluster: Cluster) -> Plan:
     fifo = Plan("fifo", STAY_OUT, stay_out, stay_out)
     sized = min((Plan("bytescheduler", params, seconds("bytescheduler", params), stay_out)
                  for params in candidate_sizes()), key=lambda plan: plan.search_iteration_time)
-    if sized.search_iteration_time < (1 - STAY_OUT_MARGIN) * fifo.search_iteration_time:
+    if sized.search_iteration_time < (1 - margin) * fifo.search_iteration_time:
         return sized
     return fifo

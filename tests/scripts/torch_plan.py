@@ -15,7 +15,8 @@ same weights on the same data as the unscheduled baseline, which it must match b
 - ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all.
 
 Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
-(sizes as text, ``inf`` unlimited), the step and sizes of ``optimizer.plan``, and its summary.
+(sizes as text, ``inf`` unlimited), the Core's order mode at the end (``sequence`` once it
+follows the buckets' agreed order), the step and sizes of ``optimizer.plan``, and its summary.
 """
 
 from __future__ import annotations
@@ -77,10 +78,11 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     optimizer.synchronize()
     got = snapshot(model)
     outcome = optimizer.plan
+    order = "sequence" if optimizer.core.sequenced else optimizer.core.order
     optimizer.close()
     report.same(f"{case}/same_as_unscheduled", expected, got)
     print("PLAN " + json.dumps({
-        "case": case, "rank": flavor.rank, "set_params": SET_PARAMS,
+        "case": case, "rank": flavor.rank, "set_params": SET_PARAMS, "order": order,
         "step": None if outcome is None else outcome.step,
         "params": None if outcome is None else [format_size(outcome.params.partition_bytes),  # type: ignore[arg-type]
                                                 format_size(outcome.params.credit_bytes)],

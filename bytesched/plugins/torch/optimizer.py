@@ -28,6 +28,7 @@ from bytesched.core.config import configure_logging
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import TuningSession, make_session
 
 from .backend import Backend, make_backend
@@ -282,11 +283,13 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         enqueues. So the same step's tasks are partitioned alike on every rank, in crossing and
         in barrier mode. A follower waits here (bounded) for a switch that is late."""
         params = None
+        in_sequence = False
         if self._plan is not None:
             params = self._plan.on_step(self._steps)
             if self._plan.done:
                 self.plan = self._plan.outcome
                 self._plan = None  # from now on step() pays one comparison
+                in_sequence = self._sequence_instead_of_rank0(self.plan.params)
         if self._tuning is not None:
             params = self._tuning.on_step(self._steps, samples=self._samples_per_step, now=time.monotonic())
             if self._tuning.done:  # the session logged the kept sizes
@@ -295,7 +298,16 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._steps += 1
         if params is not None:
             self._core.set_params(params)
+        if in_sequence:
+            self._core.start_in_sequence(self._pipeline.sequence())
 
+    def _sequence_instead_of_rank0(self, params: SchedulingParams) -> bool:
+        """Staying out of the way on a backend that needs one collective order (torch.distributed):
+        every rank can then follow the buckets' backward order, as DDP does, instead of waiting
+        for rank 0's announcements. Only while this optimizer is the Core's only one (a sequence
+        covers the tasks it knows)."""
+        return (params == STAY_OUT and self._core.order == "rank0"
+                and not any(other is not self and other._core is self._core for other in _live))
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline
 

@@ -134,6 +134,11 @@ class UpdatePipeline:
         self._thread = threading.Thread(target=self._run_jobs, name="bytesched-updates", daemon=True)
         self._thread.start()
 
+    def sequence(self) -> list[str]:
+        """The buckets' task names in the order backward produces them (the last layer's first):
+        the same on every rank, since priorities come from the first forward pass."""
+        return [bucket.name for bucket in sorted(self.buckets, key=lambda bucket: -bucket.priority)]
+
     # -- events from the framework --------------------------------------------------------------
     def gradient_ready(self, slot: ParamSlot) -> None:
         """The ready proxy: backward finished accumulating ``slot``'s gradient."""
