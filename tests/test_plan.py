@@ -207,10 +207,10 @@ def test_the_simulator_keeps_out_of_the_way_where_messages_cost_more_than_they_s
         run(profile, slow, "fifo", STAY_OUT).iteration_time
 
 
-def test_no_optimizer_joins_a_core_already_in_its_agreed_sequence() -> None:
-    """A sequence covers the tasks of the optimizers that existed when it was agreed: a later
-    optimizer asking for the same Core is refused with the way out, instead of issuing
-    collectives outside the sequence."""
+def test_no_optimizer_joins_a_core_while_it_is_in_its_agreed_sequence() -> None:
+    """A sequence covers the tasks of the optimizer that agreed it: another optimizer asking for
+    the same Core meanwhile is refused with the way out, instead of issuing collectives outside
+    the sequence; once the Core left the sequence (that optimizer closed), it is served."""
     from bytesched.core import init, shutdown
     from bytesched.runtime import start_core
 
@@ -220,6 +220,8 @@ def test_no_optimizer_joins_a_core_already_in_its_agreed_sequence() -> None:
         core.start_in_sequence(["fc", "conv"])
         with pytest.raises(RuntimeError, match="create every ScheduledOptimizer before the first step"):
             start_core(config, BroadcastingRanks(0))
+        core.leave_sequence()
+        assert not core.sequenced and start_core(config, BroadcastingRanks(0)) is core
     finally:
         shutdown()
 

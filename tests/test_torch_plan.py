@@ -75,7 +75,7 @@ def horovod_job() -> PlanLaunch:
 @pytest.fixture(scope="module")
 def dist_job() -> PlanLaunch:
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_plan(launcher, "dist", "plan,forced,failed", timeout=240)
+    return torch_plan(launcher, "dist", "plan,forced,failed,reuse", timeout=240)
 
 
 @pytest.fixture(params=["horovod", "dist"])
@@ -136,3 +136,14 @@ def test_explicit_sizes_win_over_the_plan(horovod_job: PlanLaunch) -> None:
     """BYTESCHED_PARTITION_BYTES set: no plan, and the sizes are never switched."""
     agreed = horovod_job.agreed("sized")
     assert agreed["step"] is None and agreed["set_params"] == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_an_optimizer_created_after_another_closed_trains_on_the_same_core(dist_job: PlanLaunch) -> None:
+    """The first optimizer stays out of the way and switches the Core to its buckets' sequence;
+    once it is closed, a second one (a fresh model) trains on the same Core in rank-0 order, and
+    both end with the baseline's bits."""
+    dist_job.check(["reuse/first/same_as_unscheduled", "reuse/same_as_unscheduled"])
+    assert [dist_job.reports("reuse/first")[0]["order"], dist_job.reports("reuse")[0]["order"]] == \
+        ["sequence", "rank0"]

@@ -123,6 +123,7 @@ class Core:
         self._observer: Callable[[SubTask], None] | None = None
         self.sequenced = False
         """Every rank starts tasks in one agreed cycle of names (:meth:`start_in_sequence`)."""
+        self._before_sequence: tuple[Policy, bool] | None = None
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -199,10 +200,25 @@ class Core:
         of the way; call it on every rank at the same step boundary, with nothing in flight."""
         def switch() -> None:
             leader = getattr(self.policy, "leader", self.policy)
+            self._before_sequence = (self.policy, self._publish)
             self.policy = SequencePolicy(leader, names)
             self.scheduler.set_policy(self.policy)
             self._publish = False
             self.sequenced = True
+        self._call_and_wait(switch)
+
+    def leave_sequence(self) -> None:
+        """Back to the order mode the Core started with (after :meth:`start_in_sequence`), for
+        the optimizers created next; every rank calls it, with nothing in flight."""
+        def switch() -> None:
+            if self._before_sequence is None:
+                return
+            policy, self._publish = self._before_sequence
+            policy.set_params(self.policy.params)  # the sizes set while in the sequence
+            self.policy = policy
+            self.scheduler.set_policy(policy)
+            self._before_sequence = None
+            self.sequenced = False
         self._call_and_wait(switch)
 
     def _call_and_wait(self, fn: Callable[[], None], timeout: float = 10.0) -> None:

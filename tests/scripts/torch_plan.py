@@ -12,7 +12,9 @@ same weights on the same data as the unscheduled baseline, which it must match b
   and the wide weight is then cut in nine pieces on both ranks;
 - ``failed``: timing the all-reduce raises on every rank (as a backend error would): the job
   stays out of the way with a warning naming the reason;
-- ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all.
+- ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all;
+- ``reuse``: as ``failed``, then that optimizer is closed and a second one trains a fresh model
+  on the same Core (over torch.distributed the first one's agreed sequence must be left for it).
 
 Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
 (sizes as text, ``inf`` unlimited), the Core's order mode at the end (``sequence`` once it
@@ -66,9 +68,15 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     SET_PARAMS.clear()
     os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
     plan_module.make_plan = forced_plan if case == "forced" else make_plan  # type: ignore[assignment]
-    plan_module.measure_network = failing_network if case == "failed" else measure_network  # type: ignore[assignment]
+    plan_module.measure_network = failing_network if case in ("failed", "reuse") else measure_network  # type: ignore[assignment]
     if case == "sized":
         os.environ["BYTESCHED_PARTITION_BYTES"] = "2MB"
+    if case == "reuse":
+        train_once(flavor, backend, report, "reuse/first", expected)
+    train_once(flavor, backend, report, case, expected)
+
+
+def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor]) -> None:
     model = new_model("wide")
     inner = OPTIMIZERS["sgd"](model.parameters())
     if backend == "horovod":

@@ -115,6 +115,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._plan = self._start_plan(config, backend, model_bytes, slots[0].param.device)
         self._step_boundary()  # the opening sizes, before any CommTask exists
         self._closed = False
+        self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
         self._waiting_for_backward = False
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
         # whose groups and state already exist (unpickling); ours are the wrapped optimizer's.
@@ -226,6 +227,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             log.error("bytesched: updates still pending after %.0f s at close(); a peer may have "
                       "stopped (parameters may miss their last update)", timeout)
         self._closed = True
+        if self._sequenced and self._core.running:
+            self._core.leave_sequence()  # the sequence names this optimizer's buckets only
         self._stop_listening()
         for hook in self._hooks:
             hook.remove()
@@ -300,6 +303,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self._core.set_params(params)
         if in_sequence:
             self._core.start_in_sequence(self._pipeline.sequence())
+            self._sequenced = True
 
     def _sequence_instead_of_rank0(self, params: SchedulingParams) -> bool:
         """Staying out of the way on a backend that needs one collective order (torch.distributed):
