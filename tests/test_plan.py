@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -90,18 +91,18 @@ def test_large_operation_is_the_model_within_bounds() -> None:
 
 def test_measure_network_times_each_size_after_an_untimed_call() -> None:
     calls: list[int] = []
+    timed = _timed(0.0, 0.002)
 
     def operation(nbytes: int) -> Callable[[], None]:
-        return lambda: calls.append(nbytes)
+        run = timed(nbytes)
+        return lambda: (calls.append(nbytes), run())
 
-    cost = measure_network(lambda n: operation(n) if n == 4 else (lambda: (calls.append(n), _spin(0.002))),
-                           large_bytes=1_000_000)
+    cost = measure_network(operation, large_bytes=1_000_000)
     assert calls.count(4) == 11 and calls.count(1_000_000) == 4
     assert cost.fixed_seconds < cost.large_seconds
 
 
 def _spin(seconds: float) -> None:
-    import time
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
@@ -142,7 +143,6 @@ def _timed(fixed: float, large: float) -> Callable[[int], Callable[[], None]]:
 
 def _observed_step(core: RecordingCore) -> None:
     """What the Core hands the observer in a step: eight 4 MB gradients, 2 ms of backward apart."""
-    import time
     for i in range(8):
         _spin(0.002)
         core.observer(_sub(f"g{i}", 1, time.monotonic(), 4_000_000))  # type: ignore[misc]

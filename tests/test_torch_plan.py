@@ -9,7 +9,6 @@ conditions it runs under) are in test_plan.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from typing import Any
@@ -19,7 +18,6 @@ import pytest
 from conftest import SCRIPTS, require, require_executable, run_job
 from test_torch_plugin import Launch, free_port, job_env
 
-PLAN_RE = re.compile(r"PLAN (\{.*\})")
 PLANNED_STEP = 2
 STAY_OUT = ["inf", "inf"]
 
@@ -31,11 +29,7 @@ class PlanLaunch(Launch):
     backend: str = ""
 
     def reports(self, case: str) -> dict[int, dict[str, Any]]:
-        reports = [json.loads(m.group(1)) for m in PLAN_RE.finditer(self.output)]
-        by_rank = {r["rank"]: r for r in reports if r["case"] == case}
-        assert sorted(by_rank) == list(range(self.ranks)), \
-            f"{case}: PLAN from ranks {sorted(by_rank)}; output tail:\n{self.output[-3000:]}"
-        return by_rank
+        return self.json_lines("PLAN", case)
 
     def agreed(self, case: str) -> dict[str, Any]:
         """Unchanged results, and every rank applied the same sizes at the same steps."""

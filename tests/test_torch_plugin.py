@@ -8,11 +8,13 @@ reported OK by every rank, and every expected case must be there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,15 @@ class Launch:
         for match in CASE_RE.finditer(self.output):
             name, verdict, rank, detail = match.groups()
             self.cases.setdefault(name, {})[int(rank)] = (verdict == "OK", detail)
+
+    def json_lines(self, tag: str, case: str) -> dict[int, dict[str, Any]]:
+        """Each rank's ``<tag> {json}`` line for ``case`` (a script's own report), by rank; every
+        rank must have printed one."""
+        reports = [json.loads(m.group(1)) for m in re.finditer(rf"{tag} (\{{.*\}})", self.output)]
+        by_rank = {r["rank"]: r for r in reports if r["case"] == case}
+        assert sorted(by_rank) == list(range(self.ranks)), \
+            f"{case}: {tag} from ranks {sorted(by_rank)}; output tail:\n{self.output[-3000:]}"
+        return by_rank
 
     def check(self, names: list[str]) -> None:
         """Every name reported OK by every rank (one message listing all problems)."""

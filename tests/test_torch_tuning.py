@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,18 +29,13 @@ WIDE_MODEL_BYTES = 4 * (32 * 256 + 256 + 256 * 8192 + 8192 + 8192 * 10 + 10)
 """The gradient bytes of the script's WideMLP, to which the tuner fits its lattice."""
 TRIAL_ENV = {"BYTESCHED_TUNING_MAX_TRIALS": "2", "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6",
              "BYTESCHED_TUNING_WARMUP_STEPS": "0", "BYTESCHED_LOG_LEVEL": "INFO"}
-TUNED_RE = re.compile(r"TUNED (\{[^{}]*\})")
 
 
 class TuningLaunch(Launch):
     """A launch of torch_tuning.py: its CASE lines, plus each rank's TUNED report per case."""
 
     def tuned(self, case: str) -> dict[int, dict[str, Any]]:
-        reports = [json.loads(m.group(1)) for m in TUNED_RE.finditer(self.output)]
-        by_rank = {r["rank"]: r for r in reports if r["case"] == case}
-        assert sorted(by_rank) == list(range(self.ranks)), \
-            f"{case}: TUNED from ranks {sorted(by_rank)}; output tail:\n{self.output[-3000:]}"
-        return by_rank
+        return self.json_lines("TUNED", case)
 
     def agreed(self, case: str) -> dict[str, Any]:
         """Every rank applied the same switches at the same steps and kept the same sizes."""

@@ -121,9 +121,7 @@ class Core:
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
         self._observer: Callable[[SubTask], None] | None = None
-        self.sequenced = False
-        """Every rank starts tasks in one agreed cycle of names (:meth:`start_in_sequence`)."""
-        self._before_sequence: tuple[Policy, bool] | None = None
+        self._before_sequence: tuple[Policy, bool] | None = None  # in a sequence: what it replaced
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -204,7 +202,6 @@ class Core:
             self.policy = SequencePolicy(leader, names)
             self.scheduler.set_policy(self.policy)
             self._publish = False
-            self.sequenced = True
         self._call_and_wait(switch)
 
     def leave_sequence(self) -> None:
@@ -218,8 +215,12 @@ class Core:
             self.policy = policy
             self.scheduler.set_policy(policy)
             self._before_sequence = None
-            self.sequenced = False
         self._call_and_wait(switch)
+
+    @property
+    def sequenced(self) -> bool:
+        """Every rank starts tasks in one agreed cycle of names (:meth:`start_in_sequence`)."""
+        return self._before_sequence is not None
 
     def _call_and_wait(self, fn: Callable[[], None], timeout: float = 10.0) -> None:
         """Run ``fn`` on the Core thread, in order with the other events, and wait for it."""

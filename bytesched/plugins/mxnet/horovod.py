@@ -43,7 +43,8 @@ from bytesched.core.config import configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
-from bytesched.tuning import TuningSession, make_session
+from bytesched.runtime.sizes import SizeSwitches
+from bytesched.tuning import make_session
 
 from .fusion import Bucket
 from .proxies import events
@@ -77,14 +78,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._buckets: dict[int, Bucket] = {}
         self._facts: dict[int, _Facts] = {}
         self._tuning_wanted = bool(self._config.tuning or self._config.tuning_load)
-        self._tuning: TuningSession | None = None  # made at the first update, when the model's size is known
-        self.tuned_params: SchedulingParams | None = None
-        """The partition and credit sizes tuning kept, the same on every rank (None while tuning
-        still searches, and without tuning)."""
         self._plan_wanted = wants_plan(self._config, hvd.size())
-        self._plan: StartupPlan | None = None  # made at the first update, like the tuning session
-        self.plan: PlanOutcome | None = None
-        """The sizes the start-up plan chose and every rank applied, once it did."""
+        self._sizes = SizeSwitches()  # its plan or tuning session is made at the first update
         self._step = -1
         self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
         self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
@@ -100,6 +95,17 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         :meth:`update` call: fusion needs the neighbours of a gradient at hand. The wrapped
         optimizer still sees the groups it declared (:meth:`_update`)."""
         return sys.maxsize
+
+    @property
+    def plan(self) -> PlanOutcome | None:
+        """The sizes the start-up plan chose and every rank applied, once it did."""
+        return self._sizes.plan
+
+    @property
+    def tuned_params(self) -> SchedulingParams | None:
+        """The partition and credit sizes tuning kept, the same on every rank (None while tuning
+        still searches, and without tuning)."""
+        return self._sizes.tuned
 
     def set_params(self, params: SchedulingParams) -> None:
         """New partition and credit sizes, from the next all-reduce on (call it at the same step
@@ -140,14 +146,15 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         indices, weights, grads = ([index], [weight], [grad]) if single else (index, weight, grad)
         if self._tuning_wanted:
             self._tuning_wanted = False
-            self._tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
+            self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
                                         arch="allreduce", model_bytes=self._model_bytes(grads))
         if self._plan_wanted:
             self._plan_wanted = False
             context = weights[0].context
-            self._plan = StartupPlan(self._core, _HorovodRanks(), lambda nbytes: _allreduce_of(nbytes, context),
-                                     arch="allreduce", model_bytes=self._model_bytes(grads), drain=self._wait_written)
-        if self._tuning is not None or self._plan is not None:
+            self._sizes.planning = StartupPlan(self._core, _HorovodRanks(),
+                                               lambda nbytes: _allreduce_of(nbytes, context), arch="allreduce",
+                                               model_bytes=self._model_bytes(grads), drain=self._wait_written)
+        if self._sizes.active:
             self._step_boundary(indices, weights)
         self._allreduce(indices, grads)
         if single:
@@ -180,20 +187,10 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._step += 1
             self._seen.clear()
             self._written.clear()
-            params = None
-            if self._plan is not None:
-                params = self._plan.on_step(self._step)
-                if self._plan.done:
-                    self.plan = self._plan.outcome
-                    self._plan = None
-            if self._tuning is not None:
-                params = self._tuning.on_step(self._step)
-                if self._tuning.done:
-                    self.tuned_params = self._tuning.final
-                    self._tuning = None
+            params = self._sizes.on_step(self._step)
             if params is not None:
                 self.set_params(params)
-            if self._plan is None and self._tuning is None:
+            if not self._sizes.active:
                 return
         self._seen.update(indices)
         self._written.extend(weights)

@@ -63,7 +63,8 @@ class Backend(ABC):
     @abstractmethod
     def operation(self, nbytes: int, device: torch.device) -> Callable[[], None]:
         """A blocking all-reduce of ``nbytes`` on ``device``, as the library runs a gradient's
-        (the start-up plan times it; every rank calls it together)."""
+        (the start-up plan times it; every rank calls it together); its buffer is
+        :func:`operation_buffer`'s."""
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""
@@ -78,6 +79,12 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release what the backend started (threads); called once the plugin is idle."""
+
+
+def operation_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """The float32 buffer of :meth:`Backend.operation`: ``nbytes`` rounded down to whole elements,
+    at least one."""
+    return torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
 
 
 def make_backend(optimizer: torch.optim.Optimizer, process_group: Any = None) -> Backend:

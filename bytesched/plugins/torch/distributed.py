@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from bytesched.core import SubTask
 
-from .backend import Backend
+from .backend import Backend, operation_buffer
 from .fusion import unpack
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class DistributedBackend(Backend):
         return torch.stack(parts)
 
     def operation(self, nbytes: int, device: torch.device) -> Callable[[], None]:
-        buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        buffer = operation_buffer(nbytes, device)
 
         def all_reduce() -> None:
             dist.all_reduce(buffer, group=self._group)

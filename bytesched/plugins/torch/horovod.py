@@ -20,7 +20,7 @@ import torch
 
 from bytesched.core import SubTask
 
-from .backend import Backend
+from .backend import Backend, operation_buffer
 from .fusion import unpack
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class HorovodBackend(Backend):
         return self._hvd.allgather(local.unsqueeze(0), name="bytesched.all_gather", process_set=self._process_set)
 
     def operation(self, nbytes: int, device: torch.device) -> Callable[[], None]:
-        buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+        buffer = operation_buffer(nbytes, device)
         return lambda: self._hvd.allreduce_(buffer, name=f"bytesched.calibrate.{nbytes}", op=self._hvd.Sum,
                                             process_set=self._process_set)
 

@@ -28,6 +28,7 @@ from bytesched.core.config import configure_logging
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import TuningSession, make_session
 
@@ -106,13 +107,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._check = make_check(config.check_every, backend, slots, self._pipeline.wait_applied)
         self._steps = 0
         self._samples_per_step = samples_per_step
-        self.tuned_params: SchedulingParams | None = None
-        """The partition and credit sizes tuning kept (the same on every rank), once it is over."""
-        self.plan: PlanOutcome | None = None
-        """The sizes the start-up plan chose and every rank applied, once it did."""
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
-        self._tuning = self._start_tuning(config, backend, model_bytes)
-        self._plan = self._start_plan(config, backend, model_bytes, slots[0].param.device)
+        self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes),
+                                   planning=self._start_plan(config, backend, model_bytes, slots[0].param.device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
         self._closed = False
         self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
@@ -164,7 +161,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         else:
             self._pipeline.release(hyperparameters(self._inner))
             result = None
-        if self._tuning is not None or self._plan is not None:
+        if self._sizes.active:
             self._step_boundary()
         if self._check is not None:
             self._check.after_step()
@@ -213,6 +210,16 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                   "ScheduledOptimizer (and hvd.DistributedOptimizer)")
 
     # -- bytesched's own --------------------------------------------------------------------
+    @property
+    def plan(self) -> PlanOutcome | None:
+        """The sizes the start-up plan chose and every rank applied, once it did."""
+        return self._sizes.plan
+
+    @property
+    def tuned_params(self) -> SchedulingParams | None:
+        """The partition and credit sizes tuning kept (the same on every rank), once it is over."""
+        return self._sizes.tuned
+
     @property
     def core(self) -> Core:
         """The bytesched Core scheduling this optimizer's communication."""
@@ -285,23 +292,13 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         backward pass, and ``set_params`` is an event the Core handles in order with the
         enqueues. So the same step's tasks are partitioned alike on every rank, in crossing and
         in barrier mode. A follower waits here (bounded) for a switch that is late."""
-        params = None
-        in_sequence = False
-        if self._plan is not None:
-            params = self._plan.on_step(self._steps)
-            if self._plan.done:
-                self.plan = self._plan.outcome
-                self._plan = None  # from now on step() pays one comparison
-                in_sequence = self._sequence_instead_of_rank0(self.plan.params)
-        if self._tuning is not None:
-            params = self._tuning.on_step(self._steps, samples=self._samples_per_step, now=time.monotonic())
-            if self._tuning.done:  # the session logged the kept sizes
-                self.tuned_params = self._tuning.final
-                self._tuning = None
+        planned = self._sizes.plan is not None
+        params = self._sizes.on_step(self._steps, samples=self._samples_per_step, now=time.monotonic())
         self._steps += 1
         if params is not None:
             self._core.set_params(params)
-        if in_sequence:
+        plan = self._sizes.plan
+        if not planned and plan is not None and self._sequence_instead_of_rank0(plan.params):
             self._core.start_in_sequence(self._pipeline.sequence())
             self._sequenced = True
 
@@ -312,6 +309,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         covers the tasks it knows)."""
         return (params == STAY_OUT and self._core.order == "rank0"
                 and not any(other is not self and other._core is self._core for other in _live))
+
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline
 
