@@ -3,11 +3,14 @@
 A model of many small tensors (``--layers`` dense layers of ``--width`` x ``--width``: two tensors
 each) and almost no compute is trained on 2 ranks over the unshaped loopback, so the step time is
 the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. The stacks:
-``mxnet`` and ``torch`` over Horovod, and ``torch-distributed`` (torchrun, Gloo). Each round runs
-one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer alone, or
-DistributedDataParallel for torch-distributed), ``unfused`` (bytesched,
-``BYTESCHED_FUSION_BYTES=1``: one task per tensor) and ``fused`` (bytesched with the environment's
-``BYTESCHED_FUSION_BYTES``, by default 1 MB). Reported per
+``mxnet`` and ``torch`` over Horovod, ``torch-distributed`` (torchrun, Gloo) and ``mxnet-ps`` (a
+``dist_sync`` KVStore, 2 workers and 2 servers under ``bytesched launch``, the optimizer on the
+servers). Each round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer
+alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet-ps), ``unfused``
+(bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor; the KVStore never fuses) and
+``fused`` (bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB; not for
+mxnet-ps). bytesched runs with no other settings, so the start-up plan picks its sizes, as for a
+user who sets none. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor. The emulated-network
 benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
@@ -32,9 +35,11 @@ from typing import Any
 from .horovod_jobs import end_job, horovodrun_argv
 from .provenance import revision
 
-FRAMEWORKS = ("mxnet", "torch", "torch-distributed")
+FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
 MODES = {"plain": None, "unfused": "1", "fused": None}
 """Each mode and the ``BYTESCHED_FUSION_BYTES`` its job runs with (None: as the environment says)."""
+UNFUSED_ONLY = ("mxnet-ps",)
+"""Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
 RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+)")
 JOB_TIMEOUT_S = 300.0
 
@@ -42,34 +47,69 @@ JOB_TIMEOUT_S = 300.0
 # -- the worker (one rank) --------------------------------------------------------------------
 
 def _mxnet_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
-    """Seconds of ``steps`` training steps of the MXNet model after ``warmup`` more."""
+    """Seconds of ``steps`` training steps of the MXNet model over Horovod after ``warmup`` more."""
     import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults)
     import horovod.mxnet as hvd
     import mxnet as mx
-    from mxnet import autograd, gluon
+    from mxnet import gluon
 
     hvd.init()
-    net = gluon.nn.HybridSequential()
-    for _ in range(layers):
-        net.add(gluon.nn.Dense(width, in_units=width))
-    net.initialize(mx.init.Xavier())
+    net = _gluon_model(layers, width)
     params = net.collect_params()
     hvd.broadcast_parameters(params, root_rank=0)
     optimizer = hvd.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=1e-3))
     if scheduled:
         from bytesched.plugins.mxnet import ScheduledOptimizer
         optimizer = ScheduledOptimizer(optimizer)
-    trainer = gluon.Trainer(params, optimizer, kvstore=None)
+    return _gluon_timed_steps(net, gluon.Trainer(params, optimizer, kvstore=None), width, steps, warmup)
+
+
+def _ps_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
+    """Seconds of ``steps`` training steps of the MXNet model on a ``dist_sync`` parameter server
+    (under ``bytesched launch``) after ``warmup`` more; the servers run the optimizer."""
+    import mxnet as mx
+    from mxnet import gluon
+
+    store = mx.kv.create("dist_sync")
+    if scheduled:
+        from bytesched.plugins.mxnet import ScheduledKVStore
+        store = ScheduledKVStore(store)
+    net = _gluon_model(layers, width)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3}, kvstore=store)
+    return _gluon_timed_steps(net, trainer, width, steps, warmup, getattr(store, "wait_idle", None))
+
+
+def _gluon_model(layers: int, width: int) -> Any:
+    import mxnet as mx
+    from mxnet import gluon
+
+    net = gluon.nn.HybridSequential()
+    for _ in range(layers):
+        net.add(gluon.nn.Dense(width, in_units=width))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def _gluon_timed_steps(net: Any, trainer: Any, width: int, steps: int, warmup: int, drain: Any = None) -> float:
+    """Seconds of ``steps`` Gluon training steps after ``warmup`` more (the engine idle, and a
+    scheduled store's ``drain()`` done, before the clock starts and before it stops)."""
+    import mxnet as mx
+    from mxnet import autograd
+
     x = mx.nd.ones((8, width))
     for step in range(warmup + steps):
         if step == warmup:
             mx.nd.waitall()
+            if drain is not None:
+                drain()
             began = time.perf_counter()
         with autograd.record():
             loss = net(x).sum()
         loss.backward()
         trainer.step(8)
     mx.nd.waitall()
+    if drain is not None:
+        drain()
     return time.perf_counter() - began
 
 
@@ -145,9 +185,11 @@ def _worker_main() -> int:
     for name in ("layers", "width", "steps", "warmup"):
         parser.add_argument(f"--{name}", type=int, required=True)
     args = parser.parse_args()
-    run = {"mxnet": _mxnet_steps, "torch": _torch_steps, "torch-distributed": _distributed_steps}[args.framework]
+    run = {"mxnet": _mxnet_steps, "torch": _torch_steps, "torch-distributed": _distributed_steps,
+           "mxnet-ps": _ps_steps}[args.framework]
     seconds = run(args.mode != "plain", args.layers, args.width, args.steps, args.warmup)
-    if os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")) == "0":
+    rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK", os.environ.get("BYTESCHED_RANK", "0")))
+    if rank == "0":
         print(f"OVERHEAD ms_per_step={seconds / args.steps * 1e3:.3f}", flush=True)
     return 0
 
@@ -160,6 +202,10 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if framework == "torch-distributed":
         argv = _torchrun_argv(2, "benchmarks.overhead", worker_args)
+    elif framework == "mxnet-ps":
+        launcher = str(Path(sys.executable).parent / "bytesched")
+        argv = [launcher, "launch", "--servers", "2", "--workers", "2", "--timeout", str(int(JOB_TIMEOUT_S) - 10),
+                "--", sys.executable, "-m", "benchmarks.overhead", *worker_args]
     else:
         argv = horovodrun_argv(2, "benchmarks.overhead", worker_args)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -191,6 +237,11 @@ def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]
     return [str(torchrun), "--nproc-per-node", str(ranks), "--master-port", str(port), "-m", module, *worker_args]
 
 
+def modes_of(framework: str) -> tuple[str, ...]:
+    """The modes run for ``framework``."""
+    return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY))
+
+
 def summarize(times: dict[str, dict[str, list[float]]], tensors: int) -> dict[str, Any]:
     """Per framework and mode: median, min and max ms per step, and the median's excess over
     ``plain`` per tensor (microseconds)."""
@@ -214,10 +265,10 @@ def main(args: argparse.Namespace) -> int:
     if unknown or args.rounds < 1 or args.layers < 1:
         raise SystemExit(f"python -m benchmarks overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
                          f"{args.frameworks!r}); --rounds and --layers must be >= 1")
-    times: dict[str, dict[str, list[float]]] = {f: {mode: [] for mode in MODES} for f in frameworks}
+    times: dict[str, dict[str, list[float]]] = {f: {mode: [] for mode in modes_of(f)} for f in frameworks}
     for framework in frameworks:
         for round_ in range(1, args.rounds + 1):
-            for mode in MODES:
+            for mode in modes_of(framework):
                 ms = run_job(framework, mode, args)
                 times[framework][mode].append(ms)
                 echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {ms:8.2f} ms/step")
@@ -241,10 +292,12 @@ def main(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``overhead`` benchmark to ``python -m benchmarks``."""
-    parser = subparsers.add_parser("overhead", help="per-tensor cost of bytesched over Horovod and DDP, fused and not",
+    parser = subparsers.add_parser("overhead", help="per-tensor cost of bytesched over Horovod, DDP and a "
+                                   "parameter server, fused and not",
                                    description=__doc__.split("\n\n")[1] if __doc__ else None)
     parser.add_argument("--frameworks", default="mxnet,torch",
-                        help="of mxnet, torch (both over Horovod) and torch-distributed (default mxnet,torch)")
+                        help="of mxnet, torch (both over Horovod), torch-distributed and mxnet-ps "
+                             "(default mxnet,torch)")
     parser.add_argument("--layers", type=int, default=94, help="dense layers, two tensors each (default 94: "
                         "188 tensors, as the emulated Transformer)")
     parser.add_argument("--width", type=int, default=64, help="layer width (default 64: 16 KB matrices)")

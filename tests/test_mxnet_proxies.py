@@ -244,6 +244,33 @@ def test_layout_rejects_bad_keys() -> None:
         table[1]
 
 
+def test_reserved_keys_are_new_and_land_on_the_least_loaded_server() -> None:
+    """The start-up plan's timed keys: never a key of a layout, old or new, and placed by
+    MXNet's rule on the server with the fewest bytes."""
+    table = ServerKeyTable(num_servers=2, bigarray_bound=1000)
+    layout = table.add(0, (300,), "float32", 400)  # 1200 bytes on server 0
+    reserved = table.reserve()
+    assert mxnet_server_of(reserved, 2) == 1 and reserved not in layout.server_keys
+    fresh = [new for _, new in table.repartition(100)][0]
+    assert reserved not in fresh.server_keys and table.reserve() not in (reserved, *fresh.server_keys)
+
+
+def test_the_servers_optimizer_leaves_timed_keys_alone() -> None:
+    """A timed key is no parameter: it gets no optimizer state, and its stored value does not move."""
+    from bytesched.plugins.mxnet.server_optimizer import Part, PartitionedOptimizer
+
+    sgd = mx.optimizer.SGD(learning_rate=0.5, momentum=0.9)
+    wrapper = PartitionedOptimizer(sgd, {7: Part(0, 0, 4, 0), 9: Part("bytesched.timing", 0, 4, 0, timing_only=True)},
+                                   version=(0, 1), generation=0)
+    updater = mx.optimizer.get_updater(wrapper)
+    weights = {key: mx.nd.ones((4,)) for key in (7, 9)}
+    for key, weight in weights.items():
+        updater(key, mx.nd.ones((4,)), weight)
+    assert weights[9].asnumpy().tolist() == [1.0] * 4
+    assert weights[7].asnumpy().tolist() == [0.5] * 4
+    assert wrapper.create_state_multi_precision(9, weights[9]) is None
+
+
 # ----------------------------------------------------------------------------------------------
 # ScheduledKVStore on a local store (the optimizer runs in the store, per partition)
 

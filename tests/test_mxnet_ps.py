@@ -179,6 +179,65 @@ def test_tuning_switches_sizes_on_every_worker_alike(plain: Path, tmp_path: Path
     assert_same_weights(plain / "worker0.npz", tmp_path)
 
 
+def plans(output: str) -> list[tuple[str, str, str, str]]:
+    """Per worker: the plan applied, the Core's start order, repartitions and sub-tasks."""
+    return re.findall(r"TRAINED steps=\d+ subtasks=(\d+) .* repartitions=(\d+) plan=(\S+) start_order=(\w+)", output)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+def test_with_no_sizes_set_every_worker_applies_rank0s_start_up_plan_at_step_2(plain: Path, tmp_path: Path) -> None:
+    """No BYTESCHED_*_BYTES: steps 0 and 1 send every key whole as soon as it is ready, rank 0
+    times the push+pull on keys of its own, simulates the MLP's step and sends its choice over the
+    rank-0 channel; both workers apply it at step 2. The MLP's 12 KB are too small to gain from
+    scheduling, so the plan stays out of the way: no announcements, no re-partition, and from
+    step 2 every pushpull goes to the wrapped store directly (only steps 0 and 1 reach the Core)."""
+    output = launch(tmp_path, "--store", "scheduled", env={"BYTESCHED_LOG_LEVEL": "info"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert plans(output) == [("12", "0", "inf,inf@2", "immediate")] * 2, output[-4000:]
+    assert output.count("bytesched plan: measured 6 gradients") == 1, output[-4000:]
+    assert "the push+pull (4 B in" in output
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+def test_a_sized_plan_repartitions_every_worker_at_step_2_and_restores_rank0_order(plain: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Rank 0's simulation replaced by one that picks 1,000-byte partitions under a 2,000-byte
+    credit: worker 1 applies sizes it never computed, both re-partition the server keys at step 2
+    (6 whole keys a step before, 16 partitions after) and go back to rank 0's order, which keeps
+    worker 1's reversed, paused pushes deadlock-free. The result is the plain store's, bit for bit."""
+    output = launch(tmp_path, "--store", "scheduled", "--plan", "forced", "--skew")
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert plans(output) == [(str(6 * 2 + 16 * 18), "1", "1000,2000@2", "rank0")] * 2, output[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+def test_set_params_after_a_plan_that_stayed_out_schedules_again(plain: Path, tmp_path: Path) -> None:
+    """The plan stays out and the store passes through; at step 10 the script sets 300-byte
+    partitions under the default credit: the store waits for what it passed through, returns to
+    rank 0's order (worker 1 pushes in reverse, with pauses) and re-partitions, exactly."""
+    output = launch(tmp_path, "--store", "scheduled", "--skew", "--repartition-at", "10",
+                    "--repartition-bytes", "300")
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert plans(output) == [(str(6 * 2 + 44 * 10), "1", "inf,inf@2", "rank0")] * 2, output[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+def test_a_plan_that_cannot_time_the_network_stays_out_with_a_warning(plain: Path, tmp_path: Path) -> None:
+    output = launch(tmp_path, "--store", "scheduled", "--plan", "failed")
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert plans(output) == [("12", "0", "inf,inf@2", "immediate")] * 2, output[-4000:]
+    assert ("bytesched plan: staying out of the way (no partitioning, no credit limit): timing the "
+            "backend's push+pull failed: the push+pull failed (injected by the test)") in output
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(JOB_TIMEOUT + 30)
 def test_dist_async_trains(tmp_path: Path) -> None:

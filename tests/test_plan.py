@@ -220,8 +220,8 @@ def test_no_optimizer_joins_a_core_while_it_is_in_its_agreed_sequence() -> None:
         core.start_in_sequence(["fc", "conv"])
         with pytest.raises(RuntimeError, match="create every ScheduledOptimizer before the first step"):
             start_core(config, BroadcastingRanks(0))
-        core.leave_sequence()
-        assert not core.sequenced and start_core(config, BroadcastingRanks(0)) is core
+        core.restore_order()
+        assert core.start_order == "immediate" and start_core(config, BroadcastingRanks(0)) is core
     finally:
         shutdown()
 

@@ -45,8 +45,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
     Framework("torch-distributed", "torch_worker", "torch", "torchrun", "allreduce", False, _ALLREDUCE, fuses=True),
-    Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True,  # the KVStore has no start-up plan
-              tuple(c for c in _ALLREDUCE if c != "plan")),
+    Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True, _ALLREDUCE),
     Framework("mxnet-horovod", "mxnet_worker", "horovod", "horovod", "allreduce", True,
               ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
 )}

@@ -43,7 +43,8 @@ def forward_order(model: EmulatedModel) -> list[gluon.Parameter]:
 
 
 def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
-    """The Gluon trainer for ``config``, the object to drain at the end, rank and world size."""
+    """The Gluon trainer for ``config``; the store (drained at the end) or bytesched's optimizer,
+    asked for its start-up plan; rank; world size."""
     settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params,
                                            plan=config.plan) if config.scheduled else None
     if backend == "ps":
@@ -59,10 +60,11 @@ def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[
         hvd.init()
         hvd.broadcast_parameters(model.params, root_rank=0)
         optimizer: Any = hvd.DistributedOptimizer(mx.optimizer.create("sgd", **SGD))
+        scheduled = None
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledOptimizer
-            optimizer = ScheduledOptimizer(optimizer, config=settings)
-        return gluon.Trainer(forward_order(model), optimizer, kvstore=None), None, hvd.rank(), hvd.size()
+            optimizer = scheduled = ScheduledOptimizer(optimizer, config=settings)
+        return gluon.Trainer(forward_order(model), optimizer, kvstore=None), scheduled, hvd.rank(), hvd.size()
     raise ValueError(f"--backend {backend!r}: expected ps or horovod")
 
 
@@ -145,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         store.wait_idle(120)
     usage = clock.stop()
     if rank == 0:
-        emit_run(name, round_number, usage, args.steps, size * profile.batch_size)
+        plan = getattr(store, "plan", None)
+        emit_run(name, round_number, usage, args.steps, size * profile.batch_size,
+                 None if plan is None else plan.summary)
     return 0
 
 

@@ -121,7 +121,7 @@ class Core:
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
         self._observer: Callable[[SubTask], None] | None = None
-        self._before_sequence: tuple[Policy, bool] | None = None  # in a sequence: what it replaced
+        self._replaced_order: tuple[Policy, bool] | None = None  # what start_in_sequence/on_ready replaced
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -196,31 +196,45 @@ class Core:
         per step, the same list on every rank), and rank 0 announces nothing
         (:class:`~.policies.sequence.SequencePolicy`). For a ``rank0``-order job that stays out
         of the way; call it on every rank at the same step boundary, with nothing in flight."""
-        def switch() -> None:
-            leader = getattr(self.policy, "leader", self.policy)
-            self._before_sequence = (self.policy, self._publish)
-            self.policy = SequencePolicy(leader, names)
-            self.scheduler.set_policy(self.policy)
-            self._publish = False
-        self._call_and_wait(switch)
+        self._replace_order(lambda leader: SequencePolicy(leader, names))
 
-    def leave_sequence(self) -> None:
-        """Back to the order mode the Core started with (after :meth:`start_in_sequence`), for
-        the optimizers created next; every rank calls it, with nothing in flight."""
+    def start_on_ready(self) -> None:
+        """From now on, every rank starts each sub-task as soon as it is ready here, and rank 0
+        announces nothing (:class:`~.policies.follow.ImmediatePolicy`). For a ``rank0``-order
+        parameter-server job that stays out of the way: with nothing held back, a synchronous
+        server needs no common order (see :func:`~.policies.follow.ps_order`). Call it on every
+        rank at the same step boundary, with nothing in flight."""
+        self._replace_order(ImmediatePolicy)
+
+    def restore_order(self) -> None:
+        """Back to the order mode the Core started with (after :meth:`start_in_sequence` or
+        :meth:`start_on_ready`), keeping the sizes set meanwhile; every rank calls it at the same
+        step boundary, with nothing in flight."""
         def switch() -> None:
-            if self._before_sequence is None:
+            if self._replaced_order is None:
                 return
-            policy, self._publish = self._before_sequence
-            policy.set_params(self.policy.params)  # the sizes set while in the sequence
+            policy, self._publish = self._replaced_order
+            policy.set_params(self.policy.params)  # the sizes set while replaced
             self.policy = policy
             self.scheduler.set_policy(policy)
-            self._before_sequence = None
+            self._replaced_order = None
         self._call_and_wait(switch)
 
     @property
-    def sequenced(self) -> bool:
-        """Every rank starts tasks in one agreed cycle of names (:meth:`start_in_sequence`)."""
-        return self._before_sequence is not None
+    def start_order(self) -> str:
+        """How this Core starts tasks now: its :attr:`order` mode, or ``sequence`` / ``immediate``
+        while :meth:`start_in_sequence` / :meth:`start_on_ready` replaced it."""
+        return self.order if self._replaced_order is None else self.policy.name
+
+    def _replace_order(self, make: Callable[[Policy], Policy]) -> None:
+        def switch() -> None:
+            leader = getattr(self.policy, "leader", self.policy)
+            if self._replaced_order is None:
+                self._replaced_order = (self.policy, self._publish)
+            self.policy = make(leader)
+            self.scheduler.set_policy(self.policy)
+            self._publish = False
+        self._call_and_wait(switch)
 
     def _call_and_wait(self, fn: Callable[[], None], timeout: float = 10.0) -> None:
         """Run ``fn`` on the Core thread, in order with the other events, and wait for it."""

@@ -114,6 +114,9 @@ class ServerKeyTable:
         self._str_index_is_name = str_index_is_name
         self.generation = 0
 
+    def __len__(self) -> int:
+        return len(self._layouts)
+
     def __contains__(self, user_key: UserKey) -> bool:
         return user_key in self._layouts
 
@@ -157,6 +160,15 @@ class ServerKeyTable:
         for a, b, s in stripes:
             self._load[s] += nbytes * (b - a) // numel
         return stripes
+
+    def reserve(self) -> int:
+        """A fresh server key outside every layout, for communication of bytesched's own (the
+        start-up plan's timing); every worker reserves the same keys in the same order. MXNet
+        places it by its own rule: on the least-loaded server if small, striped if big."""
+        server = min(range(self.num_servers), key=lambda s: (self._load[s], s))
+        key = self._next_on[server]
+        self._next_on[server] += self.num_servers
+        return key
 
     def repartition(self, partition_bytes: float) -> list[tuple[KeyLayout, KeyLayout]]:
         """Give every user key fresh server keys at ``partition_bytes``; returns (old, new) pairs."""

@@ -60,14 +60,17 @@ class NetworkCost:
             raise ValueError(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
                              f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
 
-    def simulator_options(self, arch: str, workers: int) -> dict[str, float]:
+    def simulator_options(self, arch: str, workers: int, servers: int | None = None,
+                          striped: bool = True) -> dict[str, float]:
         """``overhead``, ``latency`` and ``bandwidth`` (bytes/s) with which the simulator's cost
         model reproduces both measurements.
 
-        All-reduce (ring): ``overhead + 2(n-1) latency + 2(n-1)/n bytes / bandwidth``; a PS
-        push+pull: two messages, each ``overhead + latency + bytes / bandwidth`` (with as many
-        servers as workers, each link carries the key's bytes once per direction). Latency is
-        folded into the overhead (set to 0): one fixed cost was measured.
+        All-reduce (ring): ``overhead + 2(n-1) latency + 2(n-1)/n bytes / bandwidth``. A PS
+        push+pull: two messages, each ``overhead + latency + busiest link's bytes / bandwidth``;
+        a worker's link carries the key's bytes, the busiest server's link every worker's share of
+        it: ``1/servers`` of it if MXNet ``striped`` the key over the servers, all of it if not
+        (``servers`` None: as many servers as workers, striped). Latency is folded into the
+        overhead (set to 0): one fixed cost was measured.
         """
         variable = self.large_seconds - self.fixed_seconds
         if arch == "allreduce":
@@ -75,7 +78,10 @@ class NetworkCost:
             return {"overhead": self.fixed_seconds, "latency": 0.0,
                     "bandwidth": factor * self.large_bytes / variable if factor else float("inf")}
         if arch == "ps":
-            return {"overhead": self.fixed_seconds / 2, "latency": 0.0, "bandwidth": 2 * self.large_bytes / variable}
+            servers = workers if servers is None else servers
+            busiest = max(1.0, workers / servers if striped else float(workers))
+            return {"overhead": self.fixed_seconds / 2, "latency": 0.0,
+                    "bandwidth": 2 * busiest * self.large_bytes / variable}
         raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
 
     def describe(self) -> str:

@@ -8,18 +8,21 @@ a :class:`StartupPlan` at every step boundary, and the plan runs this course::
     step 0                  step 1 (observed)             step 2 on
     |-- stay out ----------|-- stay out, recorded -------|-- the plan's sizes -->
     ^ no partitions,        ^ drain, then the Core        ^ drain; time a 4-byte and a large
-      no credit limit         records each gradient's       all-reduce; rank 0 simulates
+      no credit limit         records each gradient's       operation; rank 0 simulates
                               size and ready time           (:func:`bytesched.sim.plan.make_plan`)
                                                             and broadcasts; every rank applies
 
 Until the plan is made the job stays out of the way (every gradient sent whole the moment it is
 ready, the cheapest path through bytesched), so planning never makes a step slower than the
-baseline by more than two drains. Rank 0's choice travels in the backend's own broadcast, a
-collective every rank calls at the same step boundary, so every rank applies the same sizes
-before any CommTask of the next step exists. A measurement or simulation that fails leaves the
-job where it is, staying out of the way, with a warning naming the reason: never a hang (every
-operation is a collective that every rank calls, bounded by the backend's own timeouts) and
-never different results (sizes change how gradients travel, not what they sum to).
+baseline by more than two drains. The operation timed is the backend's per-tensor one: an
+all-reduce, or a parameter server's push+pull. Rank 0's choice travels in the backend's own
+broadcast, a collective every rank calls at the same step boundary (a parameter server's, over
+the rank-0 channel: :mod:`.channel_ranks`), so every rank applies the same sizes before any
+CommTask of the next step exists. A measurement or simulation that fails leaves the job where it
+is, staying out of the way, with a warning naming the reason: never a hang (every operation is a
+collective that every rank calls, bounded by the backend's own timeouts or the channel's) and
+never different results (sizes change how gradients travel, not what they sum to). A broadcast
+over the channel that fails is the exception: it raises, since some ranks may hold the value.
 
 The plan runs when ``BYTESCHED_PLAN`` is on (the default) and the job sets neither
 ``BYTESCHED_PARTITION_BYTES`` nor ``BYTESCHED_CREDIT_BYTES``, runs the ``bytescheduler`` policy,
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bytesched.core import Config, Core, SchedulingParams
+from bytesched.core.channel import ChannelError
 from bytesched.core.config import UNLIMITED, format_size
 from bytesched.sim.plan import STAY_OUT, STAY_OUT_MARGIN, Plan, make_plan
 
@@ -84,18 +88,23 @@ class StartupPlan:
         core: the Core whose finished sub-tasks reveal the observed step.
         ranks: the backend's ranks and collectives.
         operation: the backend's per-tensor operation, to time (:data:`Operation`).
-        arch: ``allreduce`` (the simulator's architecture for this job).
+        arch: ``allreduce`` or ``ps`` (the simulator's architecture for this job).
         model_bytes: the gradient bytes of the model, the same on every rank (sizes the
             calibration's large operation).
         drain: blocks until every communication and update already released has landed.
+        servers, bigarray_bound: a parameter-server job's servers and MXNet's big-array bound
+            (elements): where the timed float32 operation and the model's keys are placed.
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
-                 drain: Callable[[], None]) -> None:
+                 drain: Callable[[], None], servers: int | None = None,
+                 bigarray_bound: int | None = None) -> None:
         self._core = core
         self._ranks = ranks
         self._operation = operation
         self._arch = arch
+        self._operation_name = "push+pull" if arch == "ps" else "all-reduce"
+        self._ps_options = {} if servers is None else {"servers": servers, "bigarray_bound": bigarray_bound}
         self._large_bytes = large_bytes_for(model_bytes)
         self._drain = drain
         self._recorder = StepRecorder()
@@ -133,7 +142,7 @@ class StartupPlan:
             network: NetworkCost | None = measure_network(self._operation, self._large_bytes)
             failure = ""
         except Exception as exc:  # a backend error: every rank failed the same collective
-            network, failure = None, f"timing the backend's all-reduce failed: {exc}"
+            network, failure = None, f"timing the backend's {self._operation_name} failed: {exc}"
         summary = ""
         chosen = STAY_OUT
         if self._ranks.rank == 0:
@@ -141,6 +150,8 @@ class StartupPlan:
         try:
             partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
             credit = self._ranks.broadcast_int(_encode(chosen.credit_bytes))
+        except ChannelError:
+            raise  # ranks that cannot hear each other cannot agree to stay out either: the job stops
         except Exception as exc:
             log.warning("bytesched plan: rank %d could not receive rank 0's plan (%s); staying out of the way",
                         self._ranks.rank, exc)
@@ -161,8 +172,10 @@ class StartupPlan:
             return self._stay_out(failure)
         try:
             profile = measured_profile(tasks, start)
+            striped = not self._ps_options or self._large_bytes // 4 >= self._ps_options["bigarray_bound"]
+            options = network.simulator_options(self._arch, self._ranks.size, self._ps_options.get("servers"), striped)
             cluster = make_cluster(arch=self._arch, workers=self._ranks.size, bucket_bytes=0,
-                                   **network.simulator_options(self._arch, self._ranks.size))
+                                   **options, **self._ps_options)
             started = time.perf_counter()
             margin = RANK0_ORDER_MARGIN if self._core.order == "rank0" else STAY_OUT_MARGIN
             plan = make_plan(profile, cluster, margin)
@@ -170,7 +183,7 @@ class StartupPlan:
         except Exception as exc:  # nothing observed, or the simulator refused the measurements
             return self._stay_out(f"no plan could be made: {exc}")
         summary = (f"measured {len(tasks)} gradients ({profile.nbytes / 1e6:.1f} MB, compute "
-                   f"{profile.compute_time * 1e3:.0f} ms) and the all-reduce ({network.describe()}); "
+                   f"{profile.compute_time * 1e3:.0f} ms) and the {self._operation_name} ({network.describe()}); "
                    f"chose {plan.describe()}, predicted {plan.predicted_speedup:.2f}x over staying out "
                    f"(planned in {seconds:.2f} s)")
         log.info("bytesched plan: %s", summary)

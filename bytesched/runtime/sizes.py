@@ -22,8 +22,13 @@ class SizeSwitches:
         self.tuning = tuning
         self.plan: PlanOutcome | None = None
         """The sizes the start-up plan chose and every rank applied, once it did."""
-        self.tuned: SchedulingParams | None = None
-        """The sizes tuning kept (the same on every rank), once it is over."""
+        self._tuned: SchedulingParams | None = None
+
+    @property
+    def tuned(self) -> SchedulingParams | None:
+        """The sizes tuning kept (the same on every rank), once it kept them (rank 0 may still
+        be checking the followers' confirmations)."""
+        return self._tuned if self.tuning is None else self.tuning.final
 
     @property
     def active(self) -> bool:
@@ -40,5 +45,5 @@ class SizeSwitches:
         if self.tuning is not None:
             params = self.tuning.on_step(step, samples, now)
             if self.tuning.done:  # the session logged the kept sizes
-                self.tuned, self.tuning = self.tuning.final, None
+                self._tuned, self.tuning = self.tuning.final, None
         return params

@@ -13,9 +13,12 @@ servers really sum different gradients; at the end each worker saves its weights
     --repartition-at S --repartition-bytes B   change the partition size at step S
     --snapshot-at N     also save the weights after N steps, to OUT/worker{R}_step{N}.npz
     --crash-at N        worker 1 dies (exit code 3) at step N, mid-training
+    --plan forced       rank 0's start-up plan simulation always picks FORCED (the real one runs
+                        first); ``--plan failed``: timing the push+pull raises on every worker
 
-The TRAINED line ends with ``tuned=PARTITION,CREDIT`` (the sizes tuning kept, ``none`` without)
-and ``repartitions=N`` (live re-partitions of the server keys).
+The TRAINED line ends with ``tuned=PARTITION,CREDIT`` (the sizes tuning kept, ``none`` without),
+``repartitions=N`` (live re-partitions of the server keys), ``plan=PARTITION,CREDIT@STEP`` (the
+start-up plan applied) and ``start_order=`` (how the Core starts tasks at the end).
 """
 
 from __future__ import annotations
@@ -30,6 +33,26 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from bytesched.core import SchedulingParams
+
+FORCED = SchedulingParams(partition_bytes=1000, credit_bytes=2000)
+
+
+def replace_plan(case: str) -> None:
+    """Make the start-up plan pick FORCED (``forced``) or fail to time the network (``failed``)."""
+    import bytesched.runtime.plan as plan_module
+    from bytesched.sim.plan import Plan
+
+    if case == "forced":
+        real = plan_module.make_plan
+
+        def forced(*args: object) -> Plan:
+            simulated = real(*args)  # type: ignore[arg-type]
+            return Plan("bytescheduler", FORCED, simulated.search_iteration_time, simulated.stay_out_iteration_time)
+        plan_module.make_plan = forced  # type: ignore[assignment]
+    else:
+        def failing(*args: object) -> None:
+            raise RuntimeError("the push+pull failed (injected by the test)")
+        plan_module.measure_network = failing  # type: ignore[assignment]
 
 
 def model() -> gluon.nn.HybridSequential:
@@ -109,8 +132,11 @@ def main() -> None:
     parser.add_argument("--repartition-bytes", type=int, default=None)
     parser.add_argument("--snapshot-at", type=int, default=None)
     parser.add_argument("--crash-at", type=int, default=None)
+    parser.add_argument("--plan", choices=("measured", "forced", "failed"), default="measured")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.plan != "measured":
+        replace_plan(args.plan)
     rank = int(os.environ["BYTESCHED_RANK"])
 
     kv = mx.kv.create(args.kvstore)
@@ -141,16 +167,18 @@ def main() -> None:
         if step + 1 == args.snapshot_at:
             save(net, args.out / f"worker{rank}_step{step + 1}.npz")
     save(net, args.out / f"worker{rank}.npz")
-    subtasks, tuned, repartitions = 0, None, 0
+    subtasks, tuned, repartitions, plan = 0, None, 0, None
     if args.store == "scheduled":
         kv.wait_idle(60)
         subtasks = kv._core.take_stats().subtasks_started
-        tuned = kv.tuned_params
+        tuned, plan = kv.tuned_params, kv.plan
         repartitions = kv._table.generation
     kept = "none" if tuned is None else f"{tuned.partition_bytes:g},{tuned.credit_bytes:g}"
+    planned = "none" if plan is None else f"{plan.params.partition_bytes:g},{plan.params.credit_bytes:g}@{plan.step}"
     print(f"TRAINED steps={args.steps} subtasks={subtasks} "
           f"partition_bytes={getattr(kv, 'partition_bytes', 'none')} order={getattr(kv, 'order', 'none')} "
-          f"tuned={kept} repartitions={repartitions}", flush=True)
+          f"tuned={kept} repartitions={repartitions} plan={planned} "
+          f"start_order={kv._core.start_order if args.store == 'scheduled' else 'none'}", flush=True)
 
 
 if __name__ == "__main__":

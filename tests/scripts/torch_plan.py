@@ -86,7 +86,7 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
     optimizer.synchronize()
     got = snapshot(model)
     outcome = optimizer.plan
-    order = "sequence" if optimizer.core.sequenced else optimizer.core.order
+    order = optimizer.core.start_order
     optimizer.close()
     report.same(f"{case}/same_as_unscheduled", expected, got)
     print("PLAN " + json.dumps({

@@ -56,6 +56,23 @@ the new size with the values the workers last pulled (a collective MXNet init), 
 the optimizer wrapper, which carries optimizer states over on the servers
 (:mod:`.server_optimizer`). No checkpoint, no restart.
 
+Start-up plan (no ``BYTESCHED_*_BYTES`` set, ``dist_sync``; :mod:`bytesched.runtime.plan`). The
+keys are laid out whole, and until step 2 every worker's Core starts a key the moment it is
+ready, announcing nothing (:meth:`~bytesched.core.Core.start_on_ready`): with nothing held back
+the servers need no common order (see "Cross-worker order"), and the ready proxies release
+themselves. At the boundary of step 2 every worker times a push+pull on keys of its own (which
+the servers' optimizer leaves alone), rank 0 simulates step 1 on that network and sends its
+choice over the rank-0 channel (:class:`~bytesched.runtime.channel_ranks.ChannelRanks`), and every
+worker applies it before anything of step 2 is posted. A sized plan re-partitions the keys
+(below) and restores rank 0's order. A plan that stays out *passes through*: from then on each
+push, pull or pushpull is the wrapped store's own operation on plain views of the arrays
+(:class:`.task.Views`, which share the arrays' engine variables), posted from the caller's
+thread with no CommTask, proxy or Core in between, so the store costs what the plain one does
+plus one Python call (on 2 workers over loopback, the Core's path added 158 us per key: the
+overhead benchmark, docs/benchmarks.md). :meth:`set_params` ends it. The outcome is
+:attr:`ScheduledKVStore.plan`. The Core runs in ``rank0`` mode (and opens the channel) from the
+start, as under tuning, since a sized plan sets a credit.
+
 Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``). Every worker drives a
 :class:`~bytesched.tuning.TuningSession` over the rank-0 channel: at each step boundary (see
 :meth:`ScheduledKVStore._next_step_if`), before anything of the new step is posted, it calls
@@ -74,7 +91,7 @@ import itertools
 import logging
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -82,15 +99,19 @@ from mxnet.kvstore import KVStoreBase
 
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
-from bytesched.core.config import configure_logging, from_env
+from bytesched.core.config import UNLIMITED, configure_logging, from_env
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
 from bytesched.core.timeline import open_timeline
-from bytesched.tuning import TuningSession, make_session
+from bytesched.runtime.channel_ranks import ChannelRanks
+from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.sizes import SizeSwitches
+from bytesched.sim.plan import STAY_OUT
+from bytesched.tuning import make_session
 
 from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
-from .task import Arrays, Avatars, ProxiedTask, unique_arrays
+from .task import Arrays, Avatars, ProxiedTask, Views, unique_arrays
 
 log = logging.getLogger("bytesched")
 
@@ -146,11 +167,17 @@ def _placement(kv_type: str) -> tuple[int, int]:
     return int(servers), int(bound)
 
 
-def _order_for(kv_type: str, config: Config, world_size: int) -> str:
-    """``BYTESCHED_ORDER``, or for ``auto`` the rule of "Cross-worker order" (module doc)."""
-    need = "ps" if "dist" in kv_type and "async" not in kv_type else "immediate"
+def _synchronous(kv_type: str) -> bool:
+    """A ``dist_sync`` store: its servers answer a key once every worker pushed it."""
+    return "dist" in kv_type and "async" not in kv_type
+
+
+def _order_for(kv_type: str, config: Config, world_size: int, resized: bool) -> str:
+    """``BYTESCHED_ORDER``, or for ``auto`` the rule of "Cross-worker order" (module doc);
+    ``resized``: tuning or the start-up plan may set a credit later."""
+    need = "ps" if _synchronous(kv_type) else "immediate"
     return order_mode(make_policy(config.policy, config.params), need=need, setting=config.order,
-                      world_size=world_size, tuning=bool(config.tuning or config.tuning_load))
+                      world_size=world_size, tuning=resized)
 
 
 def _policy_for(kv_type: str, config: Config) -> Policy | None:
@@ -180,11 +207,15 @@ class ScheduledKVStore(KVStoreBase):
         self.library = self.events.library
         self._table = ServerKeyTable(*_placement(kvstore.type),
                                      str_index_is_name="dist" not in kvstore.type)
-        self._partition_bytes = partition_size(self.config.policy, self.config.params)
         self.core_rank, self.world_size = _launch_rank(kvstore)
-        self.order = _order_for(kvstore.type, self.config, self.world_size)
-        self._channel = None
         tuning = bool(self.config.tuning or self.config.tuning_load)
+        self._plan_wanted = _synchronous(kvstore.type) and wants_plan(self.config, self.world_size)
+        # Planned: keys are laid out whole, as the steps before the plan send them (module doc).
+        self._partition_bytes = (UNLIMITED if self._plan_wanted
+                                 else partition_size(self.config.policy, self.config.params))
+        self._resized = tuning or self._plan_wanted
+        self.order = _order_for(kvstore.type, self.config, self.world_size, self._resized)
+        self._channel = None
         if (self.order == "rank0" or tuning) and self.world_size > 1:
             from bytesched.core.channel import open_channel
             self._channel = open_channel(self.config, self.core_rank, self.world_size)
@@ -192,14 +223,18 @@ class ScheduledKVStore(KVStoreBase):
                                 policy=_policy_for(kvstore.type, self.config),
                                 timeline=open_timeline(self.config, rank=self.core_rank,
                                                        world_size=self.world_size))
+        if self._plan_wanted:
+            self._core.set_params(STAY_OUT)
+            if self.order == "rank0":  # staying out holds nothing back: no order to share (module doc)
+                self._core.start_on_ready()
         self._lock = threading.Condition()
         self._tasks: dict[int, KVCommTask] = {}
         self._error: BaseException | None = None
-        self._avatars: dict[tuple[str, UserKey], Avatars] = {}
+        self._avatars: dict[tuple[str, UserKey], Views] = {}  # Avatars, or Views while passing through
         self._optimizer: mx.optimizer.Optimizer | None = None
         self._optimizer_version = (next(_STORES), 0)
         self._installed: PartitionedOptimizer | None = None
-        self._installed_for: tuple[tuple[int, int], int, int] | None = None
+        self._installed_for: tuple[tuple[int, int], int, int] | None = None  # (version, generation, keys)
         self._previous_parts: dict[int, Part] = {}
         # Per key, the array that last received the key's server value (init, pull): what a
         # re-partition initialises the new server keys with, unless the key was pushed since. (Pulling the old keys instead is
@@ -211,8 +246,12 @@ class ScheduledKVStore(KVStoreBase):
         self._seen: set[tuple[str, UserKey]] = set()
         self._pending: tuple[SchedulingParams, int | None] | None = None
         self._tuning_wanted = tuning
-        self._tuning: TuningSession | None = None  # made at the first push or pull (the model's size is known)
-        self._tuned_step = -1  # the last step the tuning session was told about
+        self._sizes = SizeSwitches()  # its plan or tuning session is made at the first push or pull
+        self._switched_step = -1  # the last step the plan or tuning session was told about
+        self._timing_parts: dict[int, Part] = {}  # the start-up plan's timed keys
+        self._passthrough = False  # the plan stayed out: operations go to the wrapped store directly
+        self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
+        self._prepared: dict[tuple[str, UserKey], tuple[Any, ...]] = {}  # _pass_through's arguments
         self._closed = False
         atexit.register(self.close)
 
@@ -234,7 +273,12 @@ class ScheduledKVStore(KVStoreBase):
     def tuned_params(self) -> SchedulingParams | None:
         """The partition and credit sizes tuning kept, the same on every worker (None while
         tuning still searches, and without tuning)."""
-        return None if self._tuning is None else self._tuning.final
+        return self._sizes.tuned
+
+    @property
+    def plan(self) -> PlanOutcome | None:
+        """The start-up plan every worker applied (None before step 2, and without a plan)."""
+        return self._sizes.plan
 
     @property
     def partition_bytes(self) -> float:
@@ -328,7 +372,12 @@ class ScheduledKVStore(KVStoreBase):
         worker must be given alike (a step is one round of push/pull over the keys)."""
         if at_step is not None and at_step <= self.step:
             raise ValueError(f"at_step={at_step} has passed (this worker is at step {self.step})")
-        if _order_for(self.type, self.config.with_params(params), self.world_size) != self.order:
+        if self._passthrough or (self._core.start_order != self.order and params != STAY_OUT):
+            self.wait_idle()  # nothing in flight while the Core changes how it starts tasks
+            self._passthrough = False
+            self._avatars.clear()
+            self._core.restore_order()  # sizes that may hold pushes back: rank 0's order again
+        if _order_for(self.type, self.config.with_params(params), self.world_size, self._resized) != self.order:
             log.warning("bytesched: this store's workers run in %s order, chosen at its creation for sizes "
                         "that hold nothing back; the new credit (%s) holds back rank 0's pushes only (set "
                         "BYTESCHED_ORDER=rank0 for every worker to follow rank 0's schedule)",
@@ -375,33 +424,62 @@ class ScheduledKVStore(KVStoreBase):
         for array in values + outs:
             self._check_type(user_key, array)
         arrays = unique_arrays(values + outs)
-        avatars = self._avatars.get((kind, user_key))
-        if avatars is None or not avatars.matches(arrays, layout.ranges):
+        views = self._avatars.get((kind, user_key))
+        if views is None or not views.matches(arrays, layout.ranges):
             # Checked once per array: the same NDArray object keeps its shape, type and storage,
             # and each of these reads is a call into MXNet (see "Posting cost" in the module doc).
             for array in arrays:
                 self._check_layout(user_key, layout, array)
-            avatars = self._avatars[(kind, user_key)] = Avatars(self.library, arrays, layout.ranges)
+            views = self._avatars[(kind, user_key)] = (Views(arrays, layout.ranges) if self._passthrough
+                                                       else Avatars(self.library, arrays, layout.ranges))
         if values:
             self._pushed_since_pull.add(user_key)
         if outs:
             self._last_value[user_key] = outs[0]
             self._pushed_since_pull.discard(user_key)
+        if self._passthrough:  # module doc, "Start-up plan": the wrapped store's own operation
+            self._pass_through(kind, user_key, layout, views, values, outs, priority)
+            self._passed[(kind, user_key)] = arrays
+            return
         task = KVCommTask(self, kind, layout, -priority)
         with self._lock:
             self._tasks[task.token] = task
         self._core.enqueue(task)
+        task.post(views, priority,  # type: ignore[arg-type]
+                  lambda: self._communicate(layout, views, values, outs, priority))
 
-        def communicate() -> None:
-            keys = list(layout.server_keys)
-            if values and outs:  # one request per partition: see "Push and pull" in the module doc
-                self._kv.pushpull(keys, avatars.of(values), out=avatars.of(outs), priority=priority)
-            elif values:
-                self._kv.push(keys, avatars.of(values), priority=priority)
-            else:
-                self._kv.pull(keys, out=avatars.of(outs), priority=priority)
+    def _pass_through(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
+                      outs: Arrays, priority: int) -> None:
+        """The wrapped store's operation on ``views``, its arguments worked out once per key and
+        arrays: a key of one server key goes as the plain store's call does, a key and its arrays
+        (every argument of MXNet's list form costs a Python conversion per call)."""
+        roles = (tuple(map(id, values)), tuple(map(id, outs)))
+        prepared = self._prepared.get((kind, user_key))
+        if prepared is None or prepared[0] is not views or prepared[1] != roles:
+            keys: Any = list(layout.server_keys)
+            vals: Any = views.of(values)
+            outs_: Any = views.of(outs)
+            if len(keys) == 1:
+                keys, vals, outs_ = keys[0], vals[0], outs_[0]
+                vals, outs_ = (a[0] if len(a) == 1 else a for a in (vals, outs_))
+            prepared = self._prepared[(kind, user_key)] = (views, roles, keys, vals, outs_)
+        _, _, keys, vals, outs_ = prepared
+        if values and outs:
+            self._kv.pushpull(keys, vals, out=outs_, priority=priority)
+        elif values:
+            self._kv.push(keys, vals, priority=priority)
+        else:
+            self._kv.pull(keys, out=outs_, priority=priority)
 
-        task.post(avatars, priority, communicate)
+    def _communicate(self, layout: KeyLayout, views: Views, values: Arrays, outs: Arrays, priority: int) -> None:
+        """Post the wrapped store's operation on every partition of ``layout``."""
+        keys = list(layout.server_keys)
+        if values and outs:  # one request per partition: see "Push and pull" in the module doc
+            self._kv.pushpull(keys, views.of(values), out=views.of(outs), priority=priority)
+        elif values:
+            self._kv.push(keys, views.of(values), priority=priority)
+        else:
+            self._kv.pull(keys, out=views.of(outs), priority=priority)
 
     def _next_step_if(self, kind: str, user_key: UserKey) -> None:
         """A key communicated again starts a new step (Trainer and Module touch each key once
@@ -410,34 +488,65 @@ class ScheduledKVStore(KVStoreBase):
         if (kind, user_key) in self._seen:
             self.step += 1
             self._seen.clear()
-        if self._tuning_wanted:  # every key was initialised: their bytes fit the tuner's lattice
-            self._tuning_wanted = False
-            self._tuning = make_session(self.config, rank=self.core_rank, world_size=self.world_size,
-                                        channel=self._channel, arch="ps",
-                                        model_bytes=sum(layout.nbytes for layout in self._table.layouts()))
-        if self._tuning is not None and not self._tuning.done and self.step > self._tuned_step:
-            self._tuning_step()
+        if self._tuning_wanted or self._plan_wanted:  # every key was initialised: the model's size is known
+            self._make_switches()
+        if self._sizes.active and self.step > self._switched_step:
+            self._switch_step()
         if not self._seen:
             self._maybe_repartition()
         self._seen.add((kind, user_key))
 
-    def _tuning_step(self) -> None:
-        """Tell the tuning session that :attr:`step` begins; apply the sizes it switches to."""
-        self.wait_idle()  # time finished steps, not posted ones (module doc, "Tuning")
-        params = self._tuning.on_step(self.step)  # type: ignore[union-attr]
-        self._tuned_step = self.step
-        if params is not None:
-            self.set_params(params)
+    def _make_switches(self) -> None:
+        model_bytes = sum(layout.nbytes for layout in self._table.layouts())
+        if self._tuning_wanted:
+            self._sizes.tuning = make_session(self.config, rank=self.core_rank, world_size=self.world_size,
+                                              channel=self._channel, arch="ps", model_bytes=model_bytes)
+        if self._plan_wanted:
+            ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]
+                                 self._kv._barrier, self.config.channel_timeout_s)
+            self._sizes.planning = StartupPlan(self._core, ranks, self._timed_pushpull, arch="ps",
+                                               model_bytes=model_bytes, drain=self.wait_idle,
+                                               servers=self._table.num_servers,
+                                               bigarray_bound=self._table.bigarray_bound)
+        self._tuning_wanted = self._plan_wanted = False
+
+    def _switch_step(self) -> None:
+        """Tell the plan or tuning session that :attr:`step` begins; apply the sizes it switches to."""
+        if self._sizes.tuning is not None:
+            self.wait_idle()  # time finished steps, not posted ones (module doc, "Tuning")
+        params = self._sizes.on_step(self.step)
+        self._switched_step = self.step
+        if params is None:
+            return
+        if self._sizes.plan is not None and params == STAY_OUT:
+            self._passthrough = True  # module doc, "Start-up plan"
+            self._avatars.clear()
+            return
+        self.set_params(params)
+
+    def _timed_pushpull(self, nbytes: int) -> Callable[[], None]:
+        """A blocking pushpull of ``nbytes`` on a server key of its own, which the servers'
+        optimizer leaves alone: the operation the start-up plan times (every worker calls this
+        alike, with nothing else in flight)."""
+        key = self._table.reserve()
+        value = mx.nd.zeros((nbytes // 4,), dtype="float32")
+        self._kv.init(key, value)
+        self._timing_parts[key] = Part("bytesched.timing", 0, value.size, self._table.generation, timing_only=True)
+        self._install_optimizer()
+
+        def pushpull() -> None:
+            self._kv.pushpull(key, value, out=value)
+            value.wait_to_read()
+        return pushpull
 
     def _install_optimizer(self) -> None:
         """Send the optimizer wrapper when the optimizer or the key layout changed."""
         if self._optimizer is None:
             return
-        layouts = self._table.layouts()
-        wanted = (self._optimizer_version, self._table.generation, len(layouts))
+        wanted = (self._optimizer_version, self._table.generation, len(self._table) + len(self._timing_parts))
         if wanted == self._installed_for:
             return
-        parts = {**self._previous_parts, **self._parts(layouts)}
+        parts = {**self._previous_parts, **self._parts(self._table.layouts()), **self._timing_parts}
         wrapper = PartitionedOptimizer(self._optimizer, parts, version=self._optimizer_version,
                                        generation=self._table.generation)
         if self._installed is not None:
@@ -470,7 +579,12 @@ class ScheduledKVStore(KVStoreBase):
             raise RuntimeError(f"bytesched communication failed earlier: {self._error}") from self._error
 
     def wait_idle(self, timeout: float | None = None) -> None:
-        """Block until every submitted push/pull has finished (a TimeoutError after ``timeout``)."""
+        """Block until every submitted push/pull has finished (a TimeoutError after ``timeout``;
+        not while passing through, where the engine's own wait has no bound)."""
+        for arrays in self._passed.values():  # passing through: the engine knows what is pending
+            for array in arrays:
+                array.wait_to_read()
+        self._passed.clear()
         with self._lock:
             if not self._lock.wait_for(lambda: not self._tasks or self._error is not None, timeout):
                 raise TimeoutError(f"{len(self._tasks)} bytesched KVStore tasks still unfinished after {timeout} s")

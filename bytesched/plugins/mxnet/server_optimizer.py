@@ -48,6 +48,9 @@ class Part:
     start: int
     stop: int
     generation: int
+    timing_only: bool = False
+    """A key the start-up plan times the network with: the server keeps its value and updates
+    nothing (a user's optimizer would otherwise see a parameter that does not exist)."""
 
 
 class PartitionedOptimizer:
@@ -117,6 +120,8 @@ class PartitionedOptimizer:
         if index in self._states:
             return self._states[index]
         part = self._part(index)
+        if part.timing_only:
+            return None
         sources = self._old_parts_covering(index, part)
         if sources:
             state = _carry_over(part, [(self.parts[k], self._states[k]) for k in sources])
@@ -135,7 +140,10 @@ class PartitionedOptimizer:
             self._update_one(index, weight, grad, state)
 
     def _update_one(self, key: int, weight: NDArray, grad: NDArray, state: Any) -> None:
-        plain = self._part(key).plain_index
+        part = self._part(key)
+        if part.timing_only:
+            return
+        plain = part.plain_index
         counts = self.optimizer._index_update_count
         saved = counts.pop(plain, None)
         if key in self._counts:

@@ -33,16 +33,21 @@ Arrays = list[mx.nd.NDArray]
 Ranges = Sequence[tuple[int, int]]
 
 
-class Avatars:
-    """Per partition, one avatar of each given tensor's elements ``[start, stop)`` (flattened)."""
+class Views:
+    """Per partition, a plain view of each given tensor's elements ``[start, stop)`` (flattened).
 
-    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
+    A view shares its tensor's engine variable, so an operation posted on it waits for the
+    tensor as any MXNet operation does: what a store posts when it stays out of the way, with no
+    proxy in between (:class:`Avatars` are what the Core's gating needs).
+    """
+
+    def __init__(self, arrays: Arrays, ranges: Ranges) -> None:
         self.arrays = arrays
         self.ranges = tuple(ranges)
-        flats = [a.reshape(-1) for a in arrays]
-        self.parts: list[Arrays] = [[library.make_avatar(flat[start:stop]) for flat in flats]
-                                    for start, stop in ranges]
-        self.chain = Chain(arrays, self.parts)
+        self.parts: list[Arrays] = self._parts([a.reshape(-1) for a in arrays])
+
+    def _parts(self, flats: Arrays) -> list[Arrays]:
+        return [[flat[start:stop] for flat in flats] for start, stop in self.ranges]
 
     def matches(self, arrays: Arrays, ranges: Ranges) -> bool:
         """Built for these very arrays (identity: memory can move with a new NDArray) and ranges."""
@@ -50,9 +55,22 @@ class Avatars:
                 and all(a is b for a, b in zip(arrays, self.arrays)))
 
     def of(self, arrays: Arrays) -> list[Arrays]:
-        """Per partition, the avatars of ``arrays`` (a subset of the tensors, in that order)."""
+        """Per partition, the views of ``arrays`` (a subset of the tensors, in that order)."""
         position = {a.handle.value: j for j, a in enumerate(self.arrays)}
         return [[part[position[a.handle.value]] for a in arrays] for part in self.parts]
+
+
+class Avatars(Views):
+    """Per partition, one avatar of each given tensor's elements ``[start, stop)`` (flattened):
+    a view with an engine variable of its own, which the Dependency Proxies gate."""
+
+    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
+        self._library = library
+        super().__init__(arrays, ranges)
+        self.chain = Chain(arrays, self.parts)
+
+    def _parts(self, flats: Arrays) -> list[Arrays]:
+        return [[self._library.make_avatar(view) for view in part] for part in super()._parts(flats)]
 
 
 def unique_arrays(arrays: Arrays) -> Arrays:

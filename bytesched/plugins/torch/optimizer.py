@@ -235,7 +235,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                       "stopped (parameters may miss their last update)", timeout)
         self._closed = True
         if self._sequenced and self._core.running:
-            self._core.leave_sequence()  # the sequence names this optimizer's buckets only
+            self._core.restore_order()  # the sequence names this optimizer's buckets only
         self._stop_listening()
         for hook in self._hooks:
             hook.remove()
