@@ -67,9 +67,10 @@ worker applies it before anything of step 2 is posted. A sized plan re-partition
 (below) and restores rank 0's order. A plan that stays out *passes through*: from then on each
 push, pull or pushpull is the wrapped store's own operation on plain views of the arrays
 (:class:`.task.Views`, which share the arrays' engine variables), posted from the caller's
-thread with no CommTask, proxy or Core in between, so the store costs what the plain one does
-plus one Python call (on 2 workers over loopback, the Core's path added 158 us per key: the
-overhead benchmark, docs/benchmarks.md). :meth:`set_params` ends it. The outcome is
+thread with no CommTask, proxy or Core in between; a pushpull repeating its previous call's
+objects (Gluon's Trainer, every step) reuses that call's arguments. On 2 workers over loopback
+this added 34 us per key over the plain store, where the Core's path added 158 us (the overhead
+benchmark, docs/benchmarks.md). :meth:`set_params` ends it. The outcome is
 :attr:`ScheduledKVStore.plan`. The Core runs in ``rank0`` mode (and opens the channel) from the
 start, as under tuning, since a sized plan sets a credit.
 
@@ -252,6 +253,7 @@ class ScheduledKVStore(KVStoreBase):
         self._passthrough = False  # the plan stayed out: operations go to the wrapped store directly
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
         self._prepared: dict[tuple[str, UserKey], tuple[Any, ...]] = {}  # _pass_through's arguments
+        self._repeats: dict[UserKey, tuple[Any, ...]] = {}  # _repeat_pushpull's objects and arguments
         self._closed = False
         atexit.register(self.close)
 
@@ -329,10 +331,33 @@ class ScheduledKVStore(KVStoreBase):
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Scheduled push of ``value`` and pull into ``out`` (``value`` itself if omitted)."""
+        if self._passthrough and self._repeat_pushpull(key, value, out, priority):
+            return
         pushes = self._pairs(key, value)
         pulls = pushes if out is None else self._pairs(key, out)
         for (user_key, values), (_, outs) in zip(pushes, pulls):
             self._submit("pushpull", user_key, values, outs, priority)
+        if self._passthrough and not isinstance(key, (list, tuple)):
+            self._repeats[key] = (value, out, *self._prepared[("pushpull", key)][2:])
+
+    def _repeat_pushpull(self, key: Any, value: Any, out: Any, priority: int) -> bool:
+        """Passing through, a pushpull of one key with the very objects of its previous one (what
+        Gluon's Trainer does every step) is the wrapped store's call with the arguments worked out
+        then: the arrays were checked then, and the bookkeeping of a pushpull leaves nothing to
+        change. False if this call is not such a repeat."""
+        if isinstance(key, (list, tuple)):
+            return False
+        repeat = self._repeats.get(key)
+        if repeat is None or repeat[0] is not value or repeat[1] is not out:
+            return False
+        self._check_healthy()
+        self._next_step_if("pushpull", key)
+        self._install_optimizer()
+        if not self._passthrough:  # the step boundary may end it (set_params at a due step)
+            return False
+        _, _, keys, values, outs = repeat
+        self._kv.pushpull(keys, values, out=outs, priority=priority)
+        return True
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
         raise NotImplementedError("ScheduledKVStore schedules dense tensors only; row_sparse_pull "
@@ -376,6 +401,7 @@ class ScheduledKVStore(KVStoreBase):
             self.wait_idle()  # nothing in flight while the Core changes how it starts tasks
             self._passthrough = False
             self._avatars.clear()
+            self._repeats.clear()
             self._core.restore_order()  # sizes that may hold pushes back: rank 0's order again
         if _order_for(self.type, self.config.with_params(params), self.world_size, self._resized) != self.order:
             log.warning("bytesched: this store's workers run in %s order, chosen at its creation for sizes "
