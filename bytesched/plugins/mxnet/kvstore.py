@@ -92,6 +92,7 @@ import itertools
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import mxnet as mx
@@ -119,6 +120,39 @@ log = logging.getLogger("bytesched")
 # Stores created in this process, in order: with the count of optimizers a store was given, it
 # names an optimizer identically on every worker (workers create their stores alike).
 _STORES = itertools.count()
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """One call of the wrapped store on a key's server keys: a pushpull where there are values
+    and outs (one request per partition: see "Push and pull" in the module doc), else a push or
+    a pull."""
+
+    keys: Any
+    values: Any
+    outs: Any
+    pushes: bool
+    pulls: bool
+
+    @classmethod
+    def of(cls, layout: KeyLayout, views: Views, values: Arrays, outs: Arrays, plain: bool = False) -> "_Operation":
+        """On ``views`` of ``values`` and ``outs``; ``plain``: a key of one server key and one
+        array per side is given as the plain store's call gives it (no lists to convert)."""
+        keys: Any = list(layout.server_keys)
+        vals: Any = views.of(values)
+        outs_: Any = views.of(outs)
+        if plain and len(keys) == 1:
+            keys, vals, outs_ = keys[0], vals[0], outs_[0]
+            vals, outs_ = (a[0] if len(a) == 1 else a for a in (vals, outs_))
+        return cls(keys, vals, outs_, bool(values), bool(outs))
+
+    def post(self, kv: mx.kv.KVStore, priority: int) -> None:
+        if self.pushes and self.pulls:
+            kv.pushpull(self.keys, self.values, out=self.outs, priority=priority)
+        elif self.pushes:
+            kv.push(self.keys, self.values, priority=priority)
+        else:
+            kv.pull(self.keys, out=self.outs, priority=priority)
 
 
 class KVCommTask(ProxiedTask):
@@ -252,8 +286,8 @@ class ScheduledKVStore(KVStoreBase):
         self._timing_parts: dict[int, Part] = {}  # the start-up plan's timed keys
         self._passthrough = False  # the plan stayed out: operations go to the wrapped store directly
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
-        self._prepared: dict[tuple[str, UserKey], tuple[Any, ...]] = {}  # _pass_through's arguments
-        self._repeats: dict[UserKey, tuple[Any, ...]] = {}  # _repeat_pushpull's objects and arguments
+        self._prepared: dict[tuple[str, UserKey], tuple[Views, Any, _Operation]] = {}  # _pass_through's
+        self._repeats: dict[UserKey, tuple[Any, Any, _Operation]] = {}  # a pushpull's objects and operation
         self._closed = False
         atexit.register(self.close)
 
@@ -335,10 +369,11 @@ class ScheduledKVStore(KVStoreBase):
             return
         pushes = self._pairs(key, value)
         pulls = pushes if out is None else self._pairs(key, out)
+        operation = None
         for (user_key, values), (_, outs) in zip(pushes, pulls):
-            self._submit("pushpull", user_key, values, outs, priority)
-        if self._passthrough and not isinstance(key, (list, tuple)):
-            self._repeats[key] = (value, out, *self._prepared[("pushpull", key)][2:])
+            operation = self._submit("pushpull", user_key, values, outs, priority)
+        if operation is not None and not isinstance(key, (list, tuple)):
+            self._repeats[key] = (value, out, operation)
 
     def _repeat_pushpull(self, key: Any, value: Any, out: Any, priority: int) -> bool:
         """Passing through, a pushpull of one key with the very objects of its previous one (what
@@ -353,10 +388,7 @@ class ScheduledKVStore(KVStoreBase):
         self._check_healthy()
         self._next_step_if("pushpull", key)
         self._install_optimizer()
-        if not self._passthrough:  # the step boundary may end it (set_params at a due step)
-            return False
-        _, _, keys, values, outs = repeat
-        self._kv.pushpull(keys, values, out=outs, priority=priority)
+        repeat[2].post(self._kv, priority)
         return True
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
@@ -442,7 +474,8 @@ class ScheduledKVStore(KVStoreBase):
         log.info("re-partitioned %d keys at %s bytes (step %d)", len(pairs), size, self.step)
 
     # -- submission -------------------------------------------------------------------------
-    def _submit(self, kind: str, user_key: UserKey, values: Arrays, outs: Arrays, priority: int) -> None:
+    def _submit(self, kind: str, user_key: UserKey, values: Arrays, outs: Arrays, priority: int) -> _Operation | None:
+        """Hand one key's operation to the Core, or while passing through post it (returned)."""
         self._check_healthy()
         self._next_step_if(kind, user_key)
         self._install_optimizer()
@@ -464,48 +497,28 @@ class ScheduledKVStore(KVStoreBase):
             self._last_value[user_key] = outs[0]
             self._pushed_since_pull.discard(user_key)
         if self._passthrough:  # module doc, "Start-up plan": the wrapped store's own operation
-            self._pass_through(kind, user_key, layout, views, values, outs, priority)
             self._passed[(kind, user_key)] = arrays
-            return
+            return self._pass_through(kind, user_key, layout, views, values, outs, priority)
         task = KVCommTask(self, kind, layout, -priority)
         with self._lock:
             self._tasks[task.token] = task
         self._core.enqueue(task)
         task.post(views, priority,  # type: ignore[arg-type]
-                  lambda: self._communicate(layout, views, values, outs, priority))
+                  lambda: _Operation.of(layout, views, values, outs).post(self._kv, priority))
+        return None
 
     def _pass_through(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
-                      outs: Arrays, priority: int) -> None:
-        """The wrapped store's operation on ``views``, its arguments worked out once per key and
-        arrays: a key of one server key goes as the plain store's call does, a key and its arrays
-        (every argument of MXNet's list form costs a Python conversion per call)."""
+                      outs: Arrays, priority: int) -> _Operation:
+        """Post the wrapped store's operation on ``views``, its arguments worked out once per key
+        and arrays (every argument of MXNet's list form costs a Python conversion per call)."""
         roles = (tuple(map(id, values)), tuple(map(id, outs)))
         prepared = self._prepared.get((kind, user_key))
         if prepared is None or prepared[0] is not views or prepared[1] != roles:
-            keys: Any = list(layout.server_keys)
-            vals: Any = views.of(values)
-            outs_: Any = views.of(outs)
-            if len(keys) == 1:
-                keys, vals, outs_ = keys[0], vals[0], outs_[0]
-                vals, outs_ = (a[0] if len(a) == 1 else a for a in (vals, outs_))
-            prepared = self._prepared[(kind, user_key)] = (views, roles, keys, vals, outs_)
-        _, _, keys, vals, outs_ = prepared
-        if values and outs:
-            self._kv.pushpull(keys, vals, out=outs_, priority=priority)
-        elif values:
-            self._kv.push(keys, vals, priority=priority)
-        else:
-            self._kv.pull(keys, out=outs_, priority=priority)
-
-    def _communicate(self, layout: KeyLayout, views: Views, values: Arrays, outs: Arrays, priority: int) -> None:
-        """Post the wrapped store's operation on every partition of ``layout``."""
-        keys = list(layout.server_keys)
-        if values and outs:  # one request per partition: see "Push and pull" in the module doc
-            self._kv.pushpull(keys, views.of(values), out=views.of(outs), priority=priority)
-        elif values:
-            self._kv.push(keys, views.of(values), priority=priority)
-        else:
-            self._kv.pull(keys, out=views.of(outs), priority=priority)
+            prepared = self._prepared[(kind, user_key)] = (views, roles,
+                                                           _Operation.of(layout, views, values, outs, plain=True))
+        operation = prepared[2]
+        operation.post(self._kv, priority)
+        return operation
 
     def _next_step_if(self, kind: str, user_key: UserKey) -> None:
         """A key communicated again starts a new step (Trainer and Module touch each key once
