@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed iterations per round (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration; the median is "
                                                                "reported (default 3)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before each timed round of "
+                                                              "bytesched, once before DDP's (default 3: the "
+                                                              "start-up plan applies from the third)")
     parser.add_argument("--equivalence-steps", type=int, default=10, help="training steps compared (default 10)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -2,8 +2,8 @@
 
 Two real ranks over Gloo train the check's CNN with an all-reduce after backward and under
 ScheduledOptimizer (SGD and Adam, barrier mode and crossing the barrier) and must end with the
-same bits; then DDP and bytesched are timed (the figures are not judged here: a benchmark's
-business). Bad options and a check that runs out of time end with an error that names them.
+same bits; then DDP and bytesched are timed, each bytesched round with the plan it made (the figures are
+not judged here: a benchmark's business). Bad options and a check that runs out of time end with an error that names them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ CHECK = [sys.executable, "-m", "bytesched.plugins.torch.gpucheck"]
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_the_cpu_half_is_bit_identical_and_reports_every_configuration() -> None:
-    result = run_job([*CHECK, "--device", "cpu", "--json", "--steps", "2", "--rounds", "2", "--warmup", "1",
+    result = run_job([*CHECK, "--device", "cpu", "--json", "--steps", "2", "--rounds", "2", "--warmup", "3",
                       "--equivalence-steps", "6"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(result.stdout[re.search(r"^\{", result.stdout, re.MULTILINE).start():])
@@ -35,6 +35,9 @@ def test_the_cpu_half_is_bit_identical_and_reports_every_configuration() -> None
     assert timing["model"] == "cnn" and timing["gradients"] == 8
     assert all(timing[f"{c}_ms"] > 0 for c in ("ddp", "barrier", "cross"))
     assert timing["cross_vs_ddp"] == pytest.approx(timing["ddp_ms"] / timing["cross_ms"])
+    for mode in ("barrier", "cross"):  # each round a job of its own: its plan applied in the warm-up
+        assert re.fullmatch(r"(no partitioning, no credit limit|\S+ partitions, \S+ credit)(, .*)?",
+                            timing[f"{mode}_plan"]), timing
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -20,6 +20,8 @@ from test_torch_plugin import Launch, free_port, job_env
 
 PLANNED_STEP = 2
 STAY_OUT = ["inf", "inf"]
+BUCKETS = 3  # WideMLP's 6 tensors under the default 1 MB fusion: 33 KB, the 8.4 MB weight, 360 KB
+STAYING_OUT_BUCKETS = 1  # all 8.8 MB under the 25 MB a plan that stays out fuses to
 
 
 @dataclasses.dataclass
@@ -37,8 +39,9 @@ class PlanLaunch(Launch):
         reports = self.reports(case)
         first = reports[0]
         for rank, report in reports.items():
-            assert (report["set_params"], report["step"], report["params"], report["order"]) == \
-                (first["set_params"], first["step"], first["params"], first["order"]), \
+            assert (report["set_params"], report["step"], report["params"], report["order"], report["fusion"],
+                    report["buckets"]) == (first["set_params"], first["step"], first["params"], first["order"],
+                                           first["fusion"], first["buckets"]), \
                 f"{case}: rank {rank} applied {report['set_params']} (plan {report['params']} at step " \
                 f"{report['step']}, order {report['order']}), rank 0 {first['set_params']} (plan {first['params']} " \
                 f"at step {first['step']}, order {first['order']})"
@@ -85,8 +88,9 @@ def test_plan_runs_by_default_and_every_rank_applies_rank0s_choice_at_step_2(job
     agreed = job.agreed("plan")
     assert agreed["step"] == PLANNED_STEP
     assert agreed["set_params"] == [STAY_OUT, agreed["params"]]
-    stays_out = agreed["params"] == STAY_OUT and job.backend == "dist"
-    assert agreed["order"] == ("sequence" if stays_out else job.backend_order)
+    stays_out = agreed["params"] == STAY_OUT
+    assert agreed["order"] == ("sequence" if stays_out and job.backend == "dist" else job.backend_order)
+    assert (agreed["fusion"], agreed["buckets"]) == ((25e6, STAYING_OUT_BUCKETS) if stays_out else (None, BUCKETS))
     rank0 = job.reports("plan")[0]["summary"]
     assert re.search(r"measured 3 gradients \(8\.\d MB, compute \d+ ms\) and the all-reduce .*; chose .*, "
                      r"predicted \d\.\d\dx over staying out", rank0), rank0
@@ -102,6 +106,7 @@ def test_followers_apply_sizes_only_rank0_computed(job: PlanLaunch) -> None:
     assert agreed["set_params"] == [STAY_OUT, ["1MB", "2MB"]]
     assert agreed["step"] == PLANNED_STEP
     assert agreed["order"] == job.backend_order  # sized: rank 0 still decides the order
+    assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)  # sized: the tasks stay as they are
 
 
 @pytest.mark.multiproc
@@ -112,6 +117,8 @@ def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job:
     # Staying out over torch.distributed: every rank follows the buckets' backward order, as DDP
     # does, instead of rank 0's announcements (Horovod orders collectives itself anyway).
     assert agreed["order"] == ("sequence" if job.backend == "dist" else "immediate")
+    # ... and fuses its gradients into DDP-sized tasks, as any plan that stays out does.
+    assert (agreed["fusion"], agreed["buckets"]) == (25e6, STAYING_OUT_BUCKETS)
     assert "timing the backend's all-reduce failed: the all-reduce failed (injected by the test)" in \
         job.reports("failed")[0]["summary"]
     assert "[bytesched WARNING] bytesched plan: staying out of the way" in job.output
@@ -129,7 +136,7 @@ def test_plan_in_barrier_mode(horovod_job: PlanLaunch) -> None:
 def test_explicit_sizes_win_over_the_plan(horovod_job: PlanLaunch) -> None:
     """BYTESCHED_PARTITION_BYTES set: no plan, and the sizes are never switched."""
     agreed = horovod_job.agreed("sized")
-    assert agreed["step"] is None and agreed["set_params"] == []
+    assert agreed["step"] is None and agreed["set_params"] == [] and agreed["buckets"] == BUCKETS
 
 
 @pytest.mark.multiproc

@@ -17,7 +17,7 @@ from torch import nn
 from bytesched.core import from_env, shutdown
 from bytesched.plugins.torch import ScheduledOptimizer
 from bytesched.plugins.torch.distributed import DistributedBackend
-from bytesched.plugins.torch.fusion import agree_on_buckets, pack, plan_buckets, unpack
+from bytesched.plugins.torch.fusion import agree_on_buckets, merge_buckets, pack, plan_buckets, unpack
 from bytesched.plugins.torch.horovod import HandlePoller
 from bytesched.plugins.torch.pipeline import ParamSlot
 from bytesched.plugins.torch.trace import ForwardTrace
@@ -277,6 +277,19 @@ def test_buckets_join_consecutive_parameters_of_one_kind_up_to_the_fusion_size(o
     assert [b.group for b in buckets] == [0, 0, 0, 1] and slots[3].bucket is buckets[0]
 
 
+def test_merged_buckets_join_consecutive_buckets_of_one_kind_up_to_the_larger_bound(one_rank_group: object) -> None:
+    """What a plan that stays out does to the agreed buckets: p0-p5 (float32, group 0) join, the
+    float64 bucket stays alone (another kind), and group 1 joins nothing across the boundary."""
+    model = nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5), nn.Linear(50, 1), nn.Linear(5, 5).double(),
+                          nn.Linear(5, 5))
+    slots = [ParamSlot(f"p{i}", p, group=0 if i < 8 else 1, priority=i) for i, p in enumerate(model.parameters())]
+    buckets = agree_on_buckets(DistributedBackend(one_rank_group), slots, 1)  # every tensor alone
+    merged = merge_buckets(buckets, 500)
+    assert [b.name for b in merged] == ["p0+5", "p6+1", "p8+1"]
+    assert [s.name for s in merged[0].slots] == [f"p{i}" for i in range(6)] and slots[5].bucket is merged[0]
+    assert [b.name for b in merge_buckets(buckets, 250)] == ["p0+3", "p4+1", "p6+1", "p8+1"]
+
+
 def test_a_bucket_packs_its_gradients_and_unpacks_the_reduced_buffer_into_them() -> None:
     grads = [torch.arange(6.0).view(2, 3), torch.arange(4.0).view(2, 2).t(), torch.tensor([7.0])]
     flat = pack(grads)
@@ -310,3 +323,34 @@ def test_fused_gradients_cost_one_collective_per_bucket_and_train_bit_for_bit(on
                                                                   all_reduce(tensor, **kw))[1])
     train_side_by_side(reference, ref_opt, model, opt)
     assert sorted(reduced) == sorted([60, 30, 60, 30] * 3)
+
+
+def test_fusing_again_between_steps_keeps_training_bit_for_bit(one_rank_group: object) -> None:
+    """Buckets fused again after a step (as a plan that stays out does) train on unchanged; while
+    a step is under way, fusing is refused."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(5, 5) for _ in range(4)]
+    reference, model = nn.Sequential(*layers), copy.deepcopy(nn.Sequential(*layers))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    shutdown()
+    opt = ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                             config=dataclasses.replace(from_env(), fusion_bytes=1, plan=False))
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    try:
+        for step in range(6):
+            if step == 3:
+                opt.synchronize()
+                opt._pipeline.fuse(1000)
+                assert [b.name for b in opt._pipeline.buckets] == ["0.weight+7"]
+            for net, optimizer in ((reference, ref_opt), (model, opt)):
+                optimizer.zero_grad()
+                net(x).square().sum().backward()
+                if step == 4 and optimizer is opt:
+                    with pytest.raises(RuntimeError, match="only be fused again between steps"):
+                        opt._pipeline.fuse(2000)
+                optimizer.step()
+        opt.synchronize()
+    finally:
+        opt.close()
+    for a, b in zip(reference.parameters(), model.parameters()):
+        assert torch.equal(a, b)

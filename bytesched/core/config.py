@@ -101,6 +101,10 @@ class Config:
     timeline: str | None = None
     log_level: str = "WARNING"
     fusion_bytes: float = 1_000_000
+    fusion_fixed: bool = False
+    """Keep ``fusion_bytes`` even where the start-up plan stays out of the way (which fuses the
+    PyTorch plugin's tasks into larger buckets): :func:`from_env` sets it when
+    ``BYTESCHED_FUSION_BYTES`` is given."""
     channel_host: str = "127.0.0.1"
     channel_port: int | None = None  # None: rank 0 picks a free port and the plugin shares it
     channel_timeout_s: float = 60.0
@@ -246,7 +250,8 @@ VARIABLES: tuple[Variable, ...] = (
              "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
-             "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off)."),
+             "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "
+             "Unset, a start-up plan that stays out of the way fuses the PyTorch plugin's tasks up to 25MB."),
     Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + "."),
     Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",
@@ -365,6 +370,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
     values.setdefault("plan", True)
     if params:  # explicit sizes win over the plan
         values["plan"] = False
+    values["fusion_fixed"] = "fusion_bytes" in values
     return Config(params=SchedulingParams(**params), **values)
 
 

@@ -31,6 +31,7 @@ does not tune, and has more than one rank (:func:`wants_plan`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from typing import Callable
 from bytesched.core import Config, Core, SchedulingParams
 from bytesched.core.channel import ChannelError
 from bytesched.core.config import UNLIMITED, format_size
-from bytesched.sim.plan import STAY_OUT, STAY_OUT_MARGIN, Plan, make_plan
+from bytesched.sim.plan import STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MARGIN, Plan, make_plan
 
 from .calibration import NetworkCost, large_bytes_for, measure_network
 from .lifecycle import Ranks
@@ -47,16 +48,21 @@ from .observed import StepRecorder, measured_profile
 
 log = logging.getLogger("bytesched")
 
-RANK0_ORDER_MARGIN = 0.05
+RANK0_ORDER_MARGIN = 0.2
 """The predicted gain a sized plan needs where followers wait for rank 0's announced order
-(torch.distributed): each partition then also waits for a channel message, which the simulator
-does not model. Measured on 4 emulated ranks over torch.distributed, ResNet50 at 1 Gbit/s: plans
-of 1 MB partitions under a 1 MB credit predicted 1.02x-1.06x over staying out ran at 0.89x-1.00x
-of DDP, while staying out ran at 1.02x-1.03x."""
+(torch.distributed), a fraction of staying out's iteration time (so 1.25x predicted): each
+partition then also waits for a channel message, which the simulator does not model, and where
+the gradients live on a GPU the observed ready times are when their kernels were queued, not
+run. Every sized plan measured there lost to staying out: on 4 emulated CPU ranks, ResNet50 at
+1 Gbit/s, plans predicted 1.02x-1.06x ran at 0.89x-1.00x of DDP where staying out ran at
+1.02x-1.03x; on one H200 shared by two ranks, plans predicted 1.05x-1.16x ran ResNet50 and the
+Transformer at 0.66x-0.92x of DDP where staying out (fused) ran at 0.92x-1.00x."""
 OBSERVED_STEP = 1
 """The step whose gradients the plan is made from: the first one after start-up's one-off costs."""
 UNLIMITED_CODE = 0
 """How an unlimited size travels in the integer broadcast."""
+KEEP_FUSION_CODE = 0
+"""How "keep the plugin's fusion bound" travels in the integer broadcast."""
 
 
 Operation = Callable[[int], Callable[[], None]]
@@ -72,6 +78,17 @@ class PlanOutcome:
     step: int
     summary: str
     """The one line rank 0 logged (on other ranks: the sizes they received)."""
+    fusion_bytes: float | None = None
+    """The fusion bound the plugin's gradients are to be fused under from ``step`` on; None: as
+    they are."""
+
+    def describe(self) -> str:
+        """What was applied, in a few words ("1MB partitions, 2MB credit")."""
+        fused = "" if self.fusion_bytes is None else f", gradients fused up to {format_size(self.fusion_bytes)} per task"
+        params = self.params
+        if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
+            return "no partitioning, no credit limit" + fused
+        return f"{format_size(params.partition_bytes)} partitions, {format_size(params.credit_bytes)} credit{fused}"  # type: ignore[arg-type]
 
 
 def wants_plan(config: Config, world_size: int) -> bool:
@@ -94,11 +111,14 @@ class StartupPlan:
         drain: blocks until every communication and update already released has landed.
         servers, bigarray_bound: a parameter-server job's servers and MXNet's big-array bound
             (elements): where the timed float32 operation and the model's keys are placed.
+        fusion_bytes: the plugin's fusion bound, where the plan may raise it (a plugin that
+            fuses gradients into tasks and can re-fuse them at the plan's step); None: it may not.
+            A plan that stays out of the way raises it to ``STAY_OUT_FUSION_BYTES``.
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
                  drain: Callable[[], None], servers: int | None = None,
-                 bigarray_bound: int | None = None) -> None:
+                 bigarray_bound: int | None = None, fusion_bytes: float | None = None) -> None:
         self._core = core
         self._ranks = ranks
         self._operation = operation
@@ -107,6 +127,7 @@ class StartupPlan:
         self._ps_options = {} if servers is None else {"servers": servers, "bigarray_bound": bigarray_bound}
         self._large_bytes = large_bytes_for(model_bytes)
         self._drain = drain
+        self._fusion_bytes = fusion_bytes
         self._recorder = StepRecorder()
         self._observed_from: float | None = None
         self.outcome: PlanOutcome | None = None
@@ -145,11 +166,17 @@ class StartupPlan:
             network, failure = None, f"timing the backend's {self._operation_name} failed: {exc}"
         summary = ""
         chosen = STAY_OUT
+        fusion = None
         if self._ranks.rank == 0:
-            chosen, summary = self._plan(network, failure, start, end)
+            chosen, summary, level = self._plan(network, failure, start, end)
+            fusion = self._fusion_for(chosen)
+            if fusion is not None:
+                summary += f"; gradients fused up to {format_size(fusion)} per task"
+            log.log(level, "bytesched plan: %s", summary)
         try:
             partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
             credit = self._ranks.broadcast_int(_encode(chosen.credit_bytes))
+            fused = self._ranks.broadcast_int(KEEP_FUSION_CODE if fusion is None else int(fusion))
         except ChannelError:
             raise  # ranks that cannot hear each other cannot agree to stay out either: the job stops
         except Exception as exc:
@@ -157,14 +184,21 @@ class StartupPlan:
                         self._ranks.rank, exc)
             return PlanOutcome(STAY_OUT, step, "staying out of the way: the plan's broadcast failed")
         params = SchedulingParams(partition_bytes=_decode(partition), credit_bytes=_decode(credit))
+        outcome = PlanOutcome(params, step, summary, None if fused == KEEP_FUSION_CODE else float(fused))
         if self._ranks.rank != 0:
-            summary = f"rank 0's plan: {_describe(params)}"
-        log.debug("bytesched plan (rank %d) from step %d: %s", self._ranks.rank, step, summary)
-        return PlanOutcome(params, step, summary)
+            outcome = dataclasses.replace(outcome, summary=f"rank 0's plan: {outcome.describe()}")
+        log.debug("bytesched plan (rank %d) from step %d: %s", self._ranks.rank, step, outcome.summary)
+        return outcome
+
+    def _fusion_for(self, chosen: SchedulingParams) -> float | None:
+        """Rank 0: the fusion bound that goes with ``chosen`` (None: the plugin keeps its own)."""
+        if chosen != STAY_OUT or self._fusion_bytes is None or self._fusion_bytes >= STAY_OUT_FUSION_BYTES:
+            return None
+        return STAY_OUT_FUSION_BYTES
 
     def _plan(self, network: NetworkCost | None, failure: str, start: float,
-              end: float) -> tuple[SchedulingParams, str]:
-        """Rank 0: the sizes to broadcast and the line that says why."""
+              end: float) -> tuple[SchedulingParams, str, int]:
+        """Rank 0: the sizes to broadcast, the line that says why and the level to log it at."""
         from bytesched.sim import make_cluster
 
         tasks = self._recorder.step(start, end)
@@ -186,14 +220,11 @@ class StartupPlan:
                    f"{profile.compute_time * 1e3:.0f} ms) and the {self._operation_name} ({network.describe()}); "
                    f"chose {plan.describe()}, predicted {plan.predicted_speedup:.2f}x over staying out "
                    f"(planned in {seconds:.2f} s)")
-        log.info("bytesched plan: %s", summary)
-        return _params_of(plan), summary
+        return _params_of(plan), summary, logging.INFO
 
     @staticmethod
-    def _stay_out(reason: str) -> tuple[SchedulingParams, str]:
-        summary = f"staying out of the way (no partitioning, no credit limit): {reason}"
-        log.warning("bytesched plan: %s", summary)
-        return STAY_OUT, summary
+    def _stay_out(reason: str) -> tuple[SchedulingParams, str, int]:
+        return STAY_OUT, f"staying out of the way (no partitioning, no credit limit): {reason}", logging.WARNING
 
 
 def _params_of(plan: Plan) -> SchedulingParams:
@@ -207,9 +238,3 @@ def _encode(size: float | None) -> int:
 
 def _decode(value: int) -> float:
     return UNLIMITED if value == UNLIMITED_CODE else value
-
-
-def _describe(params: SchedulingParams) -> str:
-    if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
-        return "no partitioning, no credit limit"
-    return f"{format_size(params.partition_bytes)} partitions, {format_size(params.credit_bytes)} credit"  # type: ignore[arg-type]

@@ -87,6 +87,7 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
     got = snapshot(model)
     outcome = optimizer.plan
     order = optimizer.core.start_order
+    buckets = len(optimizer._pipeline.buckets)
     optimizer.close()
     report.same(f"{case}/same_as_unscheduled", expected, got)
     print("PLAN " + json.dumps({
@@ -94,6 +95,7 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
         "step": None if outcome is None else outcome.step,
         "params": None if outcome is None else [format_size(outcome.params.partition_bytes),  # type: ignore[arg-type]
                                                 format_size(outcome.params.credit_bytes)],
+        "fusion": None if outcome is None else outcome.fusion_bytes, "buckets": buckets,
         "summary": None if outcome is None else outcome.summary}), flush=True)
 
 

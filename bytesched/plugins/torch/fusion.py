@@ -11,7 +11,9 @@ any tensor, and copied back once it is reduced: the per-element arithmetic is th
 unfused all-reduce.
 
 Ranks may register parameters in different orders, so rank 0's layout is the job's: it is sent
-to the others once, at construction, by name.
+to the others once, at construction, by name. A start-up plan that stays out of the way later
+merges consecutive buckets under a larger bound (:func:`merge_buckets`), from that common layout
+and the members' sizes alone, so every rank merges alike without another collective.
 """
 
 from __future__ import annotations
@@ -90,6 +92,16 @@ def agree_on_buckets(backend: "Backend", slots: Sequence["ParamSlot"], fusion_by
             buckets.append([])
         buckets[number].append(slots[by_name[position]])
     return [Bucket(members) for members in buckets]
+
+
+def merge_buckets(buckets: Sequence[Bucket], fusion_bytes: float) -> list[Bucket]:
+    """``buckets`` merged into runs of consecutive buckets of one kind (group, dtype, device)
+    holding at most ``fusion_bytes`` together; a bucket larger than that stays alone. The
+    members keep their order, so the layout stays the same on every rank."""
+    sizes = [sum(slot.param.numel() * slot.param.element_size() for slot in bucket.slots) for bucket in buckets]
+    kinds = [(bucket.group, bucket.slots[0].param.dtype, bucket.slots[0].param.device) for bucket in buckets]
+    return [Bucket([slot for index in run for slot in buckets[index].slots])
+            for run in fusion_runs(sizes, fusion_bytes, kinds)]
 
 
 def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -12,7 +12,8 @@ two ranks on one device), or NCCL with one GPU each when there are two or more. 
    barrier mode and of bytesched crossing the barrier, each on its own copy of the model, in
    interleaved rounds (every round runs each once, in a rotating order): the median over rounds
    of the mean over a round's iterations (a crossing iteration ends before its updates land, so
-   single iterations cannot be timed; each round ends once they landed).
+   single iterations cannot be timed; each round ends once they landed). Each bytesched round is
+   a job with no settings of its own (a fresh Core, its start-up plan in the warm-up).
 
 On a CPU (``--device cpu``) the same runs on the CPU, where it is the check's own test.
 """
@@ -248,60 +249,60 @@ from bytesched.check_gpu import MODELS as _MODELS
 CONFIGURATIONS = ("ddp", "barrier", "cross")
 
 
-class _Named(nn.Module):
-    """``model`` under the name ``prefix``, so that the copies timed side by side have parameter
-    (and so CommTask) names of their own on the one Core they share."""
-
-    def __init__(self, prefix: str, model: nn.Module) -> None:
-        super().__init__()
-        self.prefix = prefix
-        self.add_module(prefix, model)
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return getattr(self, self.prefix)(*inputs)
-
-
 def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str, Any]:
     """Median ms per iteration of DDP, barrier mode and crossing the barrier on model ``name``,
-    each on its own copy of the model, in interleaved rounds (a rotating order per round)."""
+    each on its own copy of the model, in interleaved rounds (a rotating order per round).
+
+    Each round of a bytesched configuration is a job of its own, as a user's would be: a fresh
+    Core, a ScheduledOptimizer that runs its start-up plan during the warm-up iterations, the
+    timed iterations, and ``close()``. (Two optimizers sharing one Core would each follow the
+    order rank 0 announces, where one alone follows its buckets' sequence.)"""
     torch.manual_seed(0)
     base, make_inputs = _build(name)
     base = base.to(device)
     inputs = make_inputs(options.batch, device)
-    runs: dict[str, tuple[nn.Module, Any]] = {}
-    try:
-        for config in CONFIGURATIONS:
-            model = _Named(config, copy.deepcopy(base))
-            sgd = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    models = {config: copy.deepcopy(base) for config in CONFIGURATIONS}
+    sgds = {config: torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9) for config, model in models.items()}
+    ddp = nn.parallel.DistributedDataParallel(models["ddp"], device_ids=[device] if device.type == "cuda" else None)
+    _iterations(ddp, sgds["ddp"], inputs, options.warmup)
+    _sync(device)
+    times: dict[str, list[float]] = {config: [] for config in CONFIGURATIONS}
+    plans: dict[str, str] = {}
+    for round_ in range(options.rounds):
+        for config in CONFIGURATIONS[round_ % 3:] + CONFIGURATIONS[:round_ % 3]:
             if config == "ddp":
-                ids = [device] if device.type == "cuda" else None
-                runs[config] = (nn.parallel.DistributedDataParallel(model, device_ids=ids), sgd)
-            else:
-                runs[config] = (model, ScheduledOptimizer(model, sgd, cross_barrier=config == "cross"))
-        for net, optimizer in runs.values():
-            _iterations(net, optimizer, inputs, options.warmup)
-            _landed(optimizer, device)
-        times: dict[str, list[float]] = {config: [] for config in CONFIGURATIONS}
-        for round_ in range(options.rounds):
-            for config in CONFIGURATIONS[round_ % 3:] + CONFIGURATIONS[:round_ % 3]:
-                net, optimizer = runs[config]
-                dist.barrier()
-                start = time.perf_counter()
-                _iterations(net, optimizer, inputs, options.steps)
+                times[config].append(_timed_iterations(ddp, sgds[config], inputs, options.steps, device))
+                continue
+            shutdown()  # a fresh Core: this configuration's job of its own
+            optimizer = ScheduledOptimizer(models[config], sgds[config], cross_barrier=config == "cross")
+            try:
+                _iterations(models[config], optimizer, inputs, options.warmup)
                 _landed(optimizer, device)
-                times[config].append((time.perf_counter() - start) / options.steps * 1e3)
-    finally:
-        for _, optimizer in runs.values():
-            if isinstance(optimizer, ScheduledOptimizer):
+                times[config].append(_timed_iterations(models[config], optimizer, inputs, options.steps, device))
+                plans[config] = "(no plan)" if optimizer.plan is None else optimizer.plan.describe()
+            finally:
                 optimizer.close()
+    shutdown()
     result: dict[str, Any] = {"model": name, "batch": options.batch, "gradients": len(list(base.parameters())),
-                              **{f"{config}_ms": statistics.median(times[config]) for config in CONFIGURATIONS}}
+                              **{f"{config}_ms": statistics.median(times[config]) for config in CONFIGURATIONS},
+                              **{f"{config}_plan": plans[config] for config in ("barrier", "cross")}}
     for config in ("barrier", "cross"):
         result[f"{config}_vs_ddp"] = result["ddp_ms"] / result[f"{config}_ms"]
-    del runs
+    del ddp, models, sgds
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _timed_iterations(net: nn.Module, optimizer: Any, inputs: tuple[torch.Tensor, ...], steps: int,
+                      device: torch.device) -> float:
+    """Mean ms per iteration of ``steps`` iterations, started together on every rank and ended
+    once their updates landed."""
+    dist.barrier()
+    start = time.perf_counter()
+    _iterations(net, optimizer, inputs, steps)
+    _landed(optimizer, device)
+    return (time.perf_counter() - start) / steps * 1e3
 
 
 def _iterations(net: nn.Module, optimizer: Any, inputs: tuple[torch.Tensor, ...], count: int) -> None:
@@ -330,12 +331,16 @@ def format_report(report: dict[str, Any]) -> str:
     for row in report["equivalence"]:
         lines.append(f"{row['optimizer']:<10}{row['mode']:<9}{row['identical']:>11}/{row['tensors']:<7}"
                      f"{row['max_abs_diff']:>12.3g}")
-    lines += ["", "Milliseconds per iteration (median of rounds; ratio: DDP's time / bytesched's, >1 is faster):",
+    lines += ["", "Milliseconds per iteration (median of rounds; ratio: DDP's time / bytesched's, >1 is faster;",
+              "each bytesched round a job of its own, with no settings: its start-up plan runs in the warm-up):",
               f"{'model':<13}{'batch':>6}{'grads':>7}{'DDP':>9}{'barrier':>9}{'ratio':>7}{'crossing':>10}{'ratio':>7}"]
     for row in report["timing"]:
         lines.append(f"{row['model']:<13}{row['batch']:>6}{row['gradients']:>7}{row['ddp_ms']:>9.1f}"
                      f"{row['barrier_ms']:>9.1f}{row['barrier_vs_ddp']:>6.2f}x{row['cross_ms']:>10.1f}"
                      f"{row['cross_vs_ddp']:>6.2f}x")
+    lines += ["", "What the start-up plan chose (the last round):"]
+    for row in report["timing"]:
+        lines += [f"{row['model']:<13}barrier: {row['barrier_plan']}", f"{'':<13}crossing: {row['cross_plan']}"]
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from bytesched.core import Config, Core, SchedulingParams, from_env
-from bytesched.core.config import configure_logging
+from bytesched.core.config import configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
@@ -45,6 +45,9 @@ log = logging.getLogger("bytesched")
 
 _live: "weakref.WeakSet[ScheduledOptimizer]" = weakref.WeakSet()
 _sized_cores: "weakref.WeakSet[Core]" = weakref.WeakSet()  # Cores whose sizes a plan or a tuning session drives
+# The fusion bound a Core's start-up plan chose: every ScheduledOptimizer on that Core fuses its
+# buckets up to it at its next step boundary (unless its job fixed the bound).
+_planned_fusion: "weakref.WeakKeyDictionary[Core, float]" = weakref.WeakKeyDictionary()
 _atexit_registered = False
 
 
@@ -106,6 +109,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._stop_listening = on_channel_failure(self._pipeline.fail)
         self._check = make_check(config.check_every, backend, slots, self._pipeline.wait_applied)
         self._steps = 0
+        self._fusion = config.fusion_bytes  # the bound this optimizer's buckets were fused under
+        self._fusion_follows_plan = not config.fusion_fixed
         self._samples_per_step = samples_per_step
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
         self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes),
@@ -161,7 +166,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         else:
             self._pipeline.release(hyperparameters(self._inner))
             result = None
-        if self._sizes.active:
+        if self._sizes.active or self._fusion_due():
             self._step_boundary()
         if self._check is not None:
             self._check.after_step()
@@ -280,11 +285,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             return None
         _sized_cores.add(self._core)
         return StartupPlan(self._core, backend, lambda nbytes: backend.operation(nbytes, device),
-                           arch="allreduce", model_bytes=model_bytes, drain=self._pipeline.wait_applied)
+                           arch="allreduce", model_bytes=model_bytes, drain=self._pipeline.wait_applied,
+                           fusion_bytes=None if config.fusion_fixed else config.fusion_bytes)
 
     def _step_boundary(self) -> None:
-        """Step ``self._steps`` is about to begin: switch sizes if the plan or the ranks' tuning
-        says so now.
+        """Step ``self._steps`` is about to begin: switch sizes (and fuse buckets) if the plan or
+        the ranks' tuning says so now.
 
         Called at the end of ``step()`` (and once at construction), when every CommTask of the
         step that ended has been enqueued (``release``/``reduce_all`` enqueue those backward
@@ -298,9 +304,28 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         if params is not None:
             self._core.set_params(params)
         plan = self._sizes.plan
+        if not planned and plan is not None and plan.fusion_bytes is not None:
+            _planned_fusion[self._core] = plan.fusion_bytes
+        if self._fusion_due():
+            self._fuse(_planned_fusion[self._core])
         if not planned and plan is not None and self._sequence_instead_of_rank0(plan.params):
             self._core.start_in_sequence(self._pipeline.sequence())
             self._sequenced = True
+
+    def _fusion_due(self) -> bool:
+        """The Core's plan chose a fusion bound this optimizer's buckets do not have yet."""
+        return self._fusion_follows_plan and _planned_fusion.get(self._core, self._fusion) != self._fusion
+
+    def _fuse(self, fusion_bytes: float) -> None:
+        """Merge this optimizer's buckets up to ``fusion_bytes``, once its updates have landed.
+        Every rank does so at the same step: the plan's step for the optimizer that planned, the
+        next one for others on the Core (every rank runs its optimizers' steps in the same order)."""
+        self._pipeline.wait_applied()
+        before = len(self._pipeline.buckets)
+        self._pipeline.fuse(fusion_bytes)
+        self._fusion = fusion_bytes
+        log.debug("bytesched: %d buckets fused into %d of up to %s", before, len(self._pipeline.buckets),
+                  format_size(fusion_bytes))
 
     def _sequence_instead_of_rank0(self, params: SchedulingParams) -> bool:
         """Staying out of the way on a backend that needs one collective order (torch.distributed):

@@ -43,7 +43,7 @@ from bytesched.core.channel import ChannelError
 
 from . import streams
 from .backend import Backend
-from .fusion import Bucket
+from .fusion import Bucket, merge_buckets
 from .task import GradientTask
 from .updates import PartialStep
 
@@ -138,6 +138,14 @@ class UpdatePipeline:
         """The buckets' task names in the order backward produces them (the last layer's first):
         the same on every rank, since priorities come from the first forward pass."""
         return [bucket.name for bucket in sorted(self.buckets, key=lambda bucket: -bucket.priority)]
+
+    def fuse(self, fusion_bytes: float) -> None:
+        """Merge consecutive buckets up to ``fusion_bytes`` each (a plan's word, at a step
+        boundary once every update has been applied: no bucket may have a task then)."""
+        with self._lock:
+            if self._round_open or any(bucket.task is not None for bucket in self.buckets):
+                raise RuntimeError("buckets can only be fused again between steps, once every update was applied")
+            self.buckets = merge_buckets(self.buckets, fusion_bytes)
 
     # -- events from the framework --------------------------------------------------------------
     def gradient_ready(self, slot: ParamSlot) -> None:
