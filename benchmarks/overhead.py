@@ -12,7 +12,10 @@ alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet
 PyTorch plugin's 25 MB from step 2 where the plan stays out; not for mxnet-ps). bytesched runs
 with no other settings, so the start-up plan picks its sizes, as for a user who sets none. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
-difference to ``plain`` per tensor. The emulated-network
+difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
+(every thread's, voluntary and not: each time a thread blocks, on the GIL, a lock, a queue or the
+network, or is preempted), the measurable trace of the thread hand-offs on each path, with its
+number of threads. The emulated-network
 benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
 this one shows nothing else.
 """
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import socket
 import statistics
@@ -30,7 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .horovod_jobs import end_job, horovodrun_argv
 from .provenance import revision
@@ -40,14 +44,50 @@ MODES = {"plain": None, "unfused": "1", "fused": None}
 """Each mode and the ``BYTESCHED_FUSION_BYTES`` its job runs with (None: as the environment says)."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
-RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+)")
+RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+)")
 JOB_TIMEOUT_S = 300.0
+
+
+class JobResult(NamedTuple):
+    """What rank 0 of one job measured over its timed steps."""
+
+    ms_per_step: float
+    switches_per_step: float
+    threads: int
 
 
 # -- the worker (one rank) --------------------------------------------------------------------
 
-def _mxnet_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
-    """Seconds of ``steps`` training steps of the MXNet model over Horovod after ``warmup`` more."""
+class Window:
+    """The timed steps' wall-clock seconds and this process's context switches over them."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.switches = 0
+
+    def start(self) -> None:
+        self._began, self._switched = time.perf_counter(), _context_switches()
+
+    def stop(self) -> "Window":
+        self.seconds = time.perf_counter() - self._began
+        self.switches = _context_switches() - self._switched
+        return self
+
+
+def _context_switches() -> int:
+    """Voluntary and involuntary context switches of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
+def _threads() -> int:
+    """This process's threads (the kernel's count: Python's, the frameworks' and the libraries')."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def _mxnet_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> Window:
+    """The window of ``steps`` training steps of the MXNet model over Horovod after ``warmup`` more."""
     import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults)
     import horovod.mxnet as hvd
     import mxnet as mx
@@ -64,8 +104,8 @@ def _mxnet_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
     return _gluon_timed_steps(net, gluon.Trainer(params, optimizer, kvstore=None), width, steps, warmup)
 
 
-def _ps_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
-    """Seconds of ``steps`` training steps of the MXNet model on a ``dist_sync`` parameter server
+def _ps_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> Window:
+    """The window of ``steps`` training steps of the MXNet model on a ``dist_sync`` parameter server
     (under ``bytesched launch``) after ``warmup`` more; the servers run the optimizer."""
     import mxnet as mx
     from mxnet import gluon
@@ -90,19 +130,20 @@ def _gluon_model(layers: int, width: int) -> Any:
     return net
 
 
-def _gluon_timed_steps(net: Any, trainer: Any, width: int, steps: int, warmup: int, drain: Any = None) -> float:
-    """Seconds of ``steps`` Gluon training steps after ``warmup`` more (the engine idle, and a
+def _gluon_timed_steps(net: Any, trainer: Any, width: int, steps: int, warmup: int, drain: Any = None) -> Window:
+    """The window of ``steps`` Gluon training steps after ``warmup`` more (the engine idle, and a
     scheduled store's ``drain()`` done, before the clock starts and before it stops)."""
     import mxnet as mx
     from mxnet import autograd
 
     x = mx.nd.ones((8, width))
+    window = Window()
     for step in range(warmup + steps):
         if step == warmup:
             mx.nd.waitall()
             if drain is not None:
                 drain()
-            began = time.perf_counter()
+            window.start()
         with autograd.record():
             loss = net(x).sum()
         loss.backward()
@@ -110,11 +151,11 @@ def _gluon_timed_steps(net: Any, trainer: Any, width: int, steps: int, warmup: i
     mx.nd.waitall()
     if drain is not None:
         drain()
-    return time.perf_counter() - began
+    return window.stop()
 
 
-def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
-    """Seconds of ``steps`` training steps of the PyTorch model after ``warmup`` more."""
+def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> Window:
+    """The window of ``steps`` training steps of the PyTorch model after ``warmup`` more."""
     import horovod.torch as hvd
     import torch
     from torch import nn
@@ -132,27 +173,28 @@ def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
 
 
 def _timed_steps(net: Any, optimizer: Any, x: Any, steps: int, warmup: int, scheduled: bool,
-                 before_timing: Any = None) -> float:
-    """Seconds of ``steps`` PyTorch training steps after ``warmup`` more (a scheduled optimizer's
-    updates of the warm-up landed before the clock starts, and the timed ones before it stops);
-    ``before_timing()`` runs right before the clock starts."""
+                 before_timing: Any = None) -> Window:
+    """The window of ``steps`` PyTorch training steps after ``warmup`` more (a scheduled
+    optimizer's updates of the warm-up landed before the clock starts, and the timed ones before
+    it stops); ``before_timing()`` runs right before the clock starts."""
+    window = Window()
     for step in range(warmup + steps):
         if step == warmup:
             if scheduled:
                 optimizer.synchronize()
             if before_timing is not None:
                 before_timing()
-            began = time.perf_counter()
+            window.start()
         optimizer.zero_grad()
         net(x).sum().backward()
         optimizer.step()
     if scheduled:
         optimizer.synchronize()
-    return time.perf_counter() - began
+    return window.stop()
 
 
-def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> float:
-    """Seconds of ``steps`` training steps of the PyTorch model over torch.distributed (under
+def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> Window:
+    """The window of ``steps`` training steps of the PyTorch model over torch.distributed (under
     torchrun) after ``warmup`` more: DDP when not ``scheduled``."""
     import torch
     import torch.distributed as dist
@@ -168,14 +210,14 @@ def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, war
         net, optimizer = model, ScheduledOptimizer(model, sgd)
     else:
         net, optimizer = nn.parallel.DistributedDataParallel(model), sgd
-    elapsed = _timed_steps(net, optimizer, torch.ones(8, width), steps, warmup, scheduled, dist.barrier)
+    window = _timed_steps(net, optimizer, torch.ones(8, width), steps, warmup, scheduled, dist.barrier)
     if scheduled:
         optimizer.close()
     # Leave together: a rank whose Gloo peer has already torn down its connections can abort
     # (SIGABRT) in Gloo's own threads at exit.
     dist.barrier()
     dist.destroy_process_group()
-    return elapsed
+    return window
 
 
 def _worker_main() -> int:
@@ -187,17 +229,18 @@ def _worker_main() -> int:
     args = parser.parse_args()
     run = {"mxnet": _mxnet_steps, "torch": _torch_steps, "torch-distributed": _distributed_steps,
            "mxnet-ps": _ps_steps}[args.framework]
-    seconds = run(args.mode != "plain", args.layers, args.width, args.steps, args.warmup)
+    window = run(args.mode != "plain", args.layers, args.width, args.steps, args.warmup)
     rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK", os.environ.get("BYTESCHED_RANK", "0")))
     if rank == "0":
-        print(f"OVERHEAD ms_per_step={seconds / args.steps * 1e3:.3f}", flush=True)
+        print(f"OVERHEAD ms_per_step={window.seconds / args.steps * 1e3:.3f} "
+              f"switches_per_step={window.switches / args.steps:.1f} threads={_threads()}", flush=True)
     return 0
 
 
 # -- the driver -------------------------------------------------------------------------------
 
-def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
-    """One 2-rank job; its milliseconds per step (SystemExit naming the job if it failed)."""
+def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
+    """One 2-rank job; what its rank 0 measured (SystemExit naming the job if it failed)."""
     worker_args = [framework, mode, "--layers", str(args.layers), "--width", str(args.width),
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if framework == "torch-distributed":
@@ -224,7 +267,7 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> float:
         tail = "\n".join(output.splitlines()[-30:])
         raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
-    return float(found.group(1))
+    return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)))
 
 
 def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
@@ -242,17 +285,21 @@ def modes_of(framework: str) -> tuple[str, ...]:
     return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY))
 
 
-def summarize(times: dict[str, dict[str, list[float]]], tensors: int) -> dict[str, Any]:
-    """Per framework and mode: median, min and max ms per step, and the median's excess over
-    ``plain`` per tensor (microseconds)."""
+def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict[str, Any]:
+    """Per framework and mode: median, min and max ms per step, the median's excess over
+    ``plain`` per tensor (microseconds), the median context switches per tensor and the threads."""
     result: dict[str, Any] = {}
-    for framework, modes in times.items():
-        plain = statistics.median(modes["plain"])
-        result[framework] = {mode: {"ms_per_step": round(statistics.median(values), 2),
-                                    "min": round(min(values), 2), "max": round(max(values), 2),
-                                    "us_per_tensor_over_plain":
-                                        round((statistics.median(values) - plain) / tensors * 1e3, 1)}
-                             for mode, values in modes.items()}
+    for framework, modes in runs.items():
+        plain = statistics.median(run.ms_per_step for run in modes["plain"])
+        result[framework] = {}
+        for mode, jobs in modes.items():
+            times = [job.ms_per_step for job in jobs]
+            result[framework][mode] = {
+                "ms_per_step": round(statistics.median(times), 2), "min": round(min(times), 2),
+                "max": round(max(times), 2),
+                "us_per_tensor_over_plain": round((statistics.median(times) - plain) / tensors * 1e3, 1),
+                "switches_per_tensor": round(statistics.median(job.switches_per_step for job in jobs) / tensors, 2),
+                "threads": max(job.threads for job in jobs)}
     return result
 
 
@@ -265,28 +312,32 @@ def main(args: argparse.Namespace) -> int:
     if unknown or args.rounds < 1 or args.layers < 1:
         raise SystemExit(f"python -m benchmarks overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
                          f"{args.frameworks!r}); --rounds and --layers must be >= 1")
-    times: dict[str, dict[str, list[float]]] = {f: {mode: [] for mode in modes_of(f)} for f in frameworks}
+    runs: dict[str, dict[str, list[JobResult]]] = {f: {mode: [] for mode in modes_of(f)} for f in frameworks}
     for framework in frameworks:
         for round_ in range(1, args.rounds + 1):
             for mode in modes_of(framework):
-                ms = run_job(framework, mode, args)
-                times[framework][mode].append(ms)
-                echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {ms:8.2f} ms/step")
+                job = run_job(framework, mode, args)
+                runs[framework][mode].append(job)
+                echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {job.ms_per_step:8.2f} ms/step, "
+                     f"{job.switches_per_step:7.1f} context switches/step, {job.threads} threads")
     tensors = 2 * args.layers
     command = ["python", "-m", "benchmarks", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
         if "overhead" in sys.argv else sys.argv
     settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds")}
     result = {"command": shlex.join(command), "revision": revision(), "tensors": tensors, "settings": settings,
-              "results": summarize(times, tensors), "runs": times}
+              "results": summarize(runs, tensors),
+              "runs": {f: {mode: [job._asdict() for job in jobs] for mode, jobs in modes.items()}
+                       for f, modes in runs.items()}}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"\n{tensors} tensors, 2 ranks over loopback; median of {args.rounds} rounds [min-max]")
-    print("| framework | mode | ms per step | over plain, per tensor |\n|---|---|---|---|")
+    print("| framework | mode | ms per step | over plain, per tensor | context switches per tensor | threads |\n"
+          "|---|---|---|---|---|---|")
     for framework, modes in result["results"].items():
         for mode, row in modes.items():
             print(f"| {framework} | {mode} | {row['ms_per_step']} [{row['min']}-{row['max']}] | "
-                  f"{row['us_per_tensor_over_plain']} us |")
+                  f"{row['us_per_tensor_over_plain']} us | {row['switches_per_tensor']} | {row['threads']} |")
     return 0
 
 

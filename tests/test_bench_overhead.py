@@ -8,14 +8,18 @@ import sys
 
 import pytest
 
-from benchmarks.overhead import summarize
+from benchmarks.overhead import JobResult, summarize
 from conftest import require, run_job
 
 
 def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
-    result = summarize({"mxnet": {"plain": [10.0, 12.0, 11.0], "unfused": [20.0, 15.0, 30.0],
-                                  "fused": [9.0, 9.0, 9.0]}}, tensors=4)
-    assert result["mxnet"]["plain"] == {"ms_per_step": 11.0, "min": 10.0, "max": 12.0, "us_per_tensor_over_plain": 0.0}
+    def jobs(*times: float) -> list[JobResult]:
+        return [JobResult(ms, switches_per_step=8.0 * ms, threads=int(ms)) for ms in times]
+
+    result = summarize({"mxnet": {"plain": jobs(10.0, 12.0, 11.0), "unfused": jobs(20.0, 15.0, 30.0),
+                                  "fused": jobs(9.0, 9.0, 9.0)}}, tensors=4)
+    assert result["mxnet"]["plain"] == {"ms_per_step": 11.0, "min": 10.0, "max": 12.0, "us_per_tensor_over_plain": 0.0,
+                                        "switches_per_tensor": 22.0, "threads": 12}  # 8 x 11 / 4; the most
     assert result["mxnet"]["unfused"]["us_per_tensor_over_plain"] == 2250.0  # (20 - 11) ms / 4
     assert result["mxnet"]["fused"]["us_per_tensor_over_plain"] == -500.0
 
@@ -37,4 +41,6 @@ def test_every_mode_runs_on_two_ranks(framework: str) -> None:
     assert report["tensors"] == 6 and report["command"].startswith("python -m benchmarks overhead")
     assert set(report["runs"][framework]) == ({"plain", "unfused"} if framework == "mxnet-ps"
                                               else {"plain", "unfused", "fused"})
-    assert all(len(times) == 1 and times[0] > 0 for times in report["runs"][framework].values())
+    for jobs in report["runs"][framework].values():
+        [job] = jobs
+        assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job

@@ -17,9 +17,9 @@ from bytesched.core import Config, ConfigError, from_env
 from bytesched.core.config import UNLIMITED
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
-from bytesched.runtime.plan import STAY_OUT, StartupPlan, wants_plan
+from bytesched.runtime.plan import STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS, StartupPlan, wants_plan
 from bytesched.sim import make_cluster, run
-from bytesched.sim.plan import STAY_OUT_FUSION_BYTES, make_plan
+from bytesched.sim.plan import make_plan
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -171,11 +171,11 @@ def test_rank0_plans_from_the_observed_step_and_broadcasts_its_choice() -> None:
 
 
 def _planned(rank: int, ranks: BroadcastingRanks, fusion_bytes: float | None, fixed: float = 0.020,
-             large: float = 0.030) -> StartupPlan:
+             large: float = 0.030, model_bytes: int = 200_000_000) -> StartupPlan:
     """A plan run through steps 0-2 (rank 0 observes eight 4 MB gradients); by default on a
     network whose every all-reduce costs 20 ms fixed, where it stays out of the way."""
     core = RecordingCore()
-    plan = StartupPlan(core, ranks, _timed(fixed, large), arch="allreduce", model_bytes=32_000_000,
+    plan = StartupPlan(core, ranks, _timed(fixed, large), arch="allreduce", model_bytes=model_bytes,
                        drain=lambda: None, fusion_bytes=fusion_bytes)
     plan.on_step(0)
     plan.on_step(1)
@@ -195,10 +195,21 @@ def test_staying_out_fuses_the_plugins_gradients_into_larger_tasks() -> None:
     assert outcome.summary.endswith("; gradients fused up to 25MB per task")
 
 
-@pytest.mark.parametrize("fusion_bytes", [None, STAY_OUT_FUSION_BYTES, 64_000_000])
-def test_a_plugin_that_cannot_or_need_not_fuse_further_keeps_its_tasks(fusion_bytes: float | None) -> None:
+def test_a_smaller_model_is_fused_into_at_least_four_tasks() -> None:
+    """32 MB of gradients: tasks of up to 8 MB, so communication still overlaps backward."""
     ranks = BroadcastingRanks(0)
-    outcome = _planned(0, ranks, fusion_bytes=fusion_bytes).outcome
+    outcome = _planned(0, ranks, fusion_bytes=1_000_000, model_bytes=32_000_000).outcome
+    assert outcome is not None and outcome.fusion_bytes == 32_000_000 // STAY_OUT_MIN_TASKS == 8_000_000
+
+
+@pytest.mark.parametrize("fusion_bytes, model_bytes", [(None, 200_000_000), (STAY_OUT_FUSION_BYTES, 200_000_000),
+                                                       (64_000_000, 200_000_000), (1_000_000, 4_000_000)])
+def test_a_plugin_that_cannot_or_need_not_fuse_further_keeps_its_tasks(fusion_bytes: float | None,
+                                                                       model_bytes: int) -> None:
+    """No bound offered (PyTorch on the CPU, a bound the job set, MXNet), one already as large, or
+    a model too small to make four tasks of more than the plugin's own bound."""
+    ranks = BroadcastingRanks(0)
+    outcome = _planned(0, ranks, fusion_bytes=fusion_bytes, model_bytes=model_bytes).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes is None
     assert ranks.sent[-1] == 0
 

@@ -21,7 +21,7 @@ from test_torch_plugin import Launch, free_port, job_env
 PLANNED_STEP = 2
 STAY_OUT = ["inf", "inf"]
 BUCKETS = 3  # WideMLP's 6 tensors under the default 1 MB fusion: 33 KB, the 8.4 MB weight, 360 KB
-STAYING_OUT_BUCKETS = 1  # all 8.8 MB under the 25 MB a plan that stays out fuses to
+DEEP_FUSION = 16 * (384 * 384 + 384) * 4 // 4  # a quarter of DeepMLP's 16 layers (2.37 MB)
 
 
 @dataclasses.dataclass
@@ -66,13 +66,13 @@ def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) ->
 def horovod_job() -> PlanLaunch:
     require("horovod.torch", "Horovod built with PyTorch")
     launcher = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable]
-    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized", timeout=240)
+    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused", timeout=240)
 
 
 @pytest.fixture(scope="module")
 def dist_job() -> PlanLaunch:
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_plan(launcher, "dist", "plan,forced,failed,reuse", timeout=240)
+    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse", timeout=240)
 
 
 @pytest.fixture(params=["horovod", "dist"])
@@ -90,7 +90,7 @@ def test_plan_runs_by_default_and_every_rank_applies_rank0s_choice_at_step_2(job
     assert agreed["set_params"] == [STAY_OUT, agreed["params"]]
     stays_out = agreed["params"] == STAY_OUT
     assert agreed["order"] == ("sequence" if stays_out and job.backend == "dist" else job.backend_order)
-    assert (agreed["fusion"], agreed["buckets"]) == ((25e6, STAYING_OUT_BUCKETS) if stays_out else (None, BUCKETS))
+    assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)  # on the CPU the plan never fuses
     rank0 = job.reports("plan")[0]["summary"]
     assert re.search(r"measured 3 gradients \(8\.\d MB, compute \d+ ms\) and the all-reduce .*; chose .*, "
                      r"predicted \d\.\d\dx over staying out", rank0), rank0
@@ -117,11 +117,25 @@ def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job:
     # Staying out over torch.distributed: every rank follows the buckets' backward order, as DDP
     # does, instead of rank 0's announcements (Horovod orders collectives itself anyway).
     assert agreed["order"] == ("sequence" if job.backend == "dist" else "immediate")
-    # ... and fuses its gradients into DDP-sized tasks, as any plan that stays out does.
-    assert (agreed["fusion"], agreed["buckets"]) == (25e6, STAYING_OUT_BUCKETS)
+    assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)
     assert "timing the backend's all-reduce failed: the all-reduce failed (injected by the test)" in \
         job.reports("failed")[0]["summary"]
     assert "[bytesched WARNING] bytesched plan: staying out of the way" in job.output
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_a_plan_that_stays_out_on_a_gpu_fuses_every_ranks_buckets_alike(job: PlanLaunch) -> None:
+    """The optimizer offers its fusion bound (as on a GPU) and the plan stays out: from step 2
+    every rank runs DeepMLP's 16 buckets as 4 tasks of up to a quarter of the model, with the
+    baseline's bits (over torch.distributed in the merged buckets' agreed sequence)."""
+    agreed = job.agreed("fused")
+    assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
+    assert (agreed["fusion"], agreed["buckets"]) == (DEEP_FUSION, 4)
+    assert agreed["order"] == ("sequence" if job.backend == "dist" else "immediate")
+    assert job.reports("fused")[0]["summary"].endswith("; gradients fused up to 2.36544MB per task")
+    assert job.reports("fused")[1]["summary"] == ("rank 0's plan: no partitioning, no credit limit, "
+                                                  "gradients fused up to 2.36544MB per task")
 
 
 @pytest.mark.multiproc

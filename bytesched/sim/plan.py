@@ -32,12 +32,6 @@ CANDIDATE_PARTITIONS = (1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000, 
 CANDIDATE_CREDIT_FACTORS = (1, 2, 4, 8)
 STAY_OUT = SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=UNLIMITED)
 """No partitions and no credit limit: every gradient goes whole the moment it is ready."""
-STAY_OUT_FUSION_BYTES = 25_000_000
-"""Where the plan stays out of the way, a plugin that fuses gradients into tasks fuses them up to
-this (DistributedDataParallel's bucket size): with nothing to schedule, small tasks buy a little
-earlier communication, which the simulator credits, and cost bytesched's own work per task, which
-it does not model. On one H200 shared by two ranks over Gloo, crossing the barrier ran at 0.76x
-DDP's speed on ResNet50 (66 tasks of up to 1 MB) and 0.95x with tasks of up to 25 MB (5 tasks)."""
 SEARCH_ITERATIONS = 1
 SEARCH_WARMUP = 1
 

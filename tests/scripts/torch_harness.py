@@ -112,6 +112,22 @@ class WideMLP(nn.Module):
         return self.layers(x)
 
 
+class DeepMLP(nn.Module):
+    """Sixteen 590 KB layers (9.5 MB): one bucket each under the default 1 MB fusion, four under
+    the bound a plan that stays out fuses them to (a quarter of the model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[module for _ in range(16) for module in (nn.Linear(384, 384), nn.Tanh())])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def deep_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(8, 384, generator=gen), torch.randn(8, 384, generator=gen)
+
+
 def wide_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 32, generator=gen), torch.randn(8, 10, generator=gen)
 
@@ -127,6 +143,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, Callable]] = {
     "smooth_cnn": (SmoothCNN, cnn_batch, cnn_loss),
     "tied": (TiedNet, tied_batch, tied_loss),
     "wide": (WideMLP, wide_batch, wide_loss),
+    "deep": (DeepMLP, deep_batch, wide_loss),
 }
 
 OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = {

@@ -13,12 +13,16 @@ same weights on the same data as the unscheduled baseline, which it must match b
 - ``failed``: timing the all-reduce raises on every rank (as a backend error would): the job
   stays out of the way with a warning naming the reason;
 - ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all;
+- ``fused``: the 16-layer "deep" MLP (9.5 MB, 16 buckets), its optimizer offering its fusion bound
+  to the plan as on a GPU, and rank 0's simulation replaced by one that stays out: every rank
+  merges its buckets into 4 tasks at step 2;
 - ``reuse``: as ``failed``, then that optimizer is closed and a second one trains a fresh model
   on the same Core (over torch.distributed the first one's agreed sequence must be left for it).
 
 Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
 (sizes as text, ``inf`` unlimited), the Core's order mode at the end (``sequence`` once it
-follows the buckets' agreed order), the step and sizes of ``optimizer.plan``, and its summary.
+follows the buckets' agreed order), the step, sizes and fusion bound of ``optimizer.plan``, its
+number of buckets at the end, and its summary.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from typing import Any
 
 import torch
 
+import bytesched.plugins.torch.optimizer as optimizer_module
 import bytesched.runtime.plan as plan_module
 from bytesched.core import Core, SchedulingParams
 from bytesched.core.config import format_size
 from bytesched.plugins.torch import ScheduledOptimizer
-from bytesched.sim.plan import Plan, make_plan
+from bytesched.sim.plan import STAY_OUT, Plan, make_plan
 from torch_harness import OPTIMIZERS, Reporter, new_model, snapshot, train
 from torch_suites import DistributedFlavor, Flavor, HorovodFlavor, run_baseline
 
@@ -43,6 +48,7 @@ FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
 SET_PARAMS: list[list[str]] = []
 _set_params = Core.set_params
 measure_network = plan_module.measure_network
+plan_fusion = optimizer_module._plan_fusion
 
 
 def recording_set_params(core: Core, params: SchedulingParams) -> None:
@@ -60,6 +66,12 @@ def forced_plan(*args: Any) -> Plan:
     return Plan("bytescheduler", FORCED, real.search_iteration_time, real.stay_out_iteration_time)
 
 
+def staying_out_plan(*args: Any) -> Plan:
+    """Rank 0's simulation, replaced: always stay out of the way (after the real one)."""
+    real = make_plan(*args)
+    return Plan("fifo", STAY_OUT, real.stay_out_iteration_time, real.stay_out_iteration_time)
+
+
 def failing_network(*args: Any) -> Any:
     raise RuntimeError("the all-reduce failed (injected by the test)")
 
@@ -67,22 +79,32 @@ def failing_network(*args: Any) -> Any:
 def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor]) -> None:
     SET_PARAMS.clear()
     os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
-    plan_module.make_plan = forced_plan if case == "forced" else make_plan  # type: ignore[assignment]
+    plan_module.make_plan = {"forced": forced_plan, "fused": staying_out_plan}.get(case, make_plan)  # type: ignore[assignment]
     plan_module.measure_network = failing_network if case in ("failed", "reuse") else measure_network  # type: ignore[assignment]
+    optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
     if case == "sized":
         os.environ["BYTESCHED_PARTITION_BYTES"] = "2MB"
     if case == "reuse":
         train_once(flavor, backend, report, "reuse/first", expected)
-    train_once(flavor, backend, report, case, expected)
+    if case == "fused":
+        train_once(flavor, backend, report, case, run_baseline(flavor, "deep", "sgd", steps=STEPS), "deep")
+    else:
+        train_once(flavor, backend, report, case, expected)
 
 
-def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor]) -> None:
-    model = new_model("wide")
+def offering_fusion(config: Any, device: torch.device) -> float:
+    """The optimizer's offer of its fusion bound, as on a GPU, here on the CPU."""
+    return config.fusion_bytes
+
+
+def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor],
+               model_name: str = "wide") -> None:
+    model = new_model(model_name)
     inner = OPTIMIZERS["sgd"](model.parameters())
     if backend == "horovod":
         inner = flavor.baseline(model, inner)
     optimizer = ScheduledOptimizer(model, inner, cross_barrier=case != "barrier")
-    train(model, optimizer, "wide", flavor.rank, steps=STEPS)
+    train(model, optimizer, model_name, flavor.rank, steps=STEPS)
     optimizer.synchronize()
     got = snapshot(model)
     outcome = optimizer.plan
@@ -102,7 +124,8 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("horovod", "dist"), required=True)
-    parser.add_argument("--cases", required=True, help="comma-separated: plan, barrier, forced, failed, sized")
+    parser.add_argument("--cases", required=True, help="comma-separated: plan, barrier, forced, failed, sized, "
+                                                       "fused, reuse")
     args = parser.parse_args()
     flavor: Flavor = HorovodFlavor() if args.backend == "horovod" else DistributedFlavor()
     torch.set_num_threads(1)

@@ -286,7 +286,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         _sized_cores.add(self._core)
         return StartupPlan(self._core, backend, lambda nbytes: backend.operation(nbytes, device),
                            arch="allreduce", model_bytes=model_bytes, drain=self._pipeline.wait_applied,
-                           fusion_bytes=None if config.fusion_fixed else config.fusion_bytes)
+                           fusion_bytes=_plan_fusion(config, device))
 
     def _step_boundary(self) -> None:
         """Step ``self._steps`` is about to begin: switch sizes (and fuse buckets) if the plan or
@@ -398,6 +398,14 @@ def _check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer, cross_b
     if cross_barrier and isinstance(optimizer, torch.optim.LBFGS):
         raise BarrierCrossingError("LBFGS evaluates a closure inside step(), so its step cannot cross "
                                    "the barrier; " + BARRIER_MODE)
+
+
+def _plan_fusion(config: Config, device: torch.device) -> float | None:
+    """The fusion bound this optimizer lets its plan raise: on a GPU, unless the job set one. There
+    bytesched's work per task competes with the training thread's kernel launches and fewer tasks
+    were measured to pay; where the CPU also computes, the overlap of small tasks was worth more
+    (:data:`bytesched.runtime.plan.STAY_OUT_FUSION_BYTES`)."""
+    return config.fusion_bytes if device.type == "cuda" and not config.fusion_fixed else None
 
 
 def _passes_per_step(backend: Backend, given: int | None) -> int:
