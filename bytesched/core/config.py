@@ -251,7 +251,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "
-             "Unset, a start-up plan that stays out of the way fuses the PyTorch plugin's tasks up to 25MB."),
+             "Unset, a start-up plan that stays out of the way fuses the PyTorch plugin's tasks on a GPU up "
+             "to 25MB."),
     Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + "."),
     Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",
