@@ -160,6 +160,25 @@ def test_shutdown_with_work_in_flight_is_bounded_and_tells_the_task() -> None:
         core.enqueue(BufferTask("late", 0, 4))
 
 
+def test_wait_idle_returns_once_every_finish_was_handled() -> None:
+    """What the start-up plan waits for before it stops observing: a started, unfinished sub-task
+    keeps the Core busy (False after the timeout); once its finish was handled, True at once."""
+    core = make_core()
+    try:
+        assert core.wait_idle(1.0)
+        task = BufferTask("busy", 0, 400)
+        core.enqueue(task, ready=True)
+        deadline = time.monotonic() + 5
+        while not task.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        began = time.monotonic()
+        assert not core.wait_idle(0.05) and time.monotonic() - began < 1.0
+        task.notify_finish(task.started[0])
+        assert core.wait_idle(1.0) and task.finished_callbacks == 1
+    finally:
+        core.shutdown()
+
+
 def test_enqueue_before_start_is_an_error() -> None:
     core = Core(Config())
     with pytest.raises(RuntimeError, match="not started"):

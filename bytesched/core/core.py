@@ -35,6 +35,8 @@ FAULT_EXIT_CODE = 70
 """Exit status of a process that bytesched ended because the job cannot go on (a lost rank, a
 sub-task past ``BYTESCHED_STALL_TIMEOUT_S``) and that did not exit by itself in time."""
 EXIT_GRACE_S = 10.0
+IDLE_POLL_S = 0.001
+"""How often :meth:`Core.wait_idle` asks the Core thread whether it is idle."""
 STALL_QUERY, STALL_ANSWER = "stall.query", "stall.answer"  # rank-0 channel kinds: who has started what
 
 
@@ -190,6 +192,21 @@ class Core:
         Core thread, as the timeline gets them: how the start-up plan sees a step's gradients.
         Returns once the Core switched, so the caller may then read what the old one recorded."""
         self._call_and_wait(lambda: setattr(self, "_observer", observer))
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until every sub-task enqueued so far has finished and the Core has handled its finish
+        (True), or ``timeout`` seconds passed (False). A framework can see a collective's result
+        before its completion event reaches the Core (MXNet's engine writes the weights it feeds
+        first): the start-up plan waits here so that its observer has seen every finish."""
+        deadline = time.monotonic() + timeout
+        while True:
+            idle: list[bool] = []
+            self._call_and_wait(lambda: idle.append(self.scheduler.idle))
+            if idle[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(IDLE_POLL_S)
 
     def start_in_sequence(self, names: Sequence[str]) -> None:
         """From now on, every rank starts whole tasks in the cycle ``names`` (each task name once

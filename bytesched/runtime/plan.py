@@ -57,6 +57,9 @@ run. Every sized plan measured there lost to staying out: on 4 emulated CPU rank
 1 Gbit/s, plans predicted 1.02x-1.06x ran at 0.89x-1.00x of DDP where staying out ran at
 1.02x-1.03x; on one H200 shared by two ranks, plans predicted 1.05x-1.16x ran ResNet50 and the
 Transformer at 0.66x-0.92x of DDP where staying out (fused) ran at 0.92x-1.00x."""
+IDLE_TIMEOUT_S = 10.0
+"""How long the plan waits, after its drain, for the Core to have handled every finish of the
+observed step before it stops observing (past that it plans from what it saw)."""
 OBSERVED_STEP = 1
 """The step whose gradients the plan is made from: the first one after start-up's one-off costs."""
 UNLIMITED_CODE = 0
@@ -166,6 +169,8 @@ class StartupPlan:
             raise RuntimeError(f"the start-up plan was first told of step {step}; every rank must call "
                                f"on_step from step 0 on")
         self._drain()
+        if not self._core.wait_idle(IDLE_TIMEOUT_S):
+            log.debug("bytesched plan: the Core still had sub-tasks in flight after %g s", IDLE_TIMEOUT_S)
         self._core.observe(None)
         # Every task of the observed step was ready once the drain returned (the Core may take
         # its ready events after step() was called), and none of the next step's can be yet.
