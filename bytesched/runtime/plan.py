@@ -18,7 +18,9 @@ baseline by more than two drains. The operation timed is the backend's per-tenso
 all-reduce, or a parameter server's push+pull. Rank 0's choice travels in the backend's own
 broadcast, a collective every rank calls at the same step boundary (a parameter server's, over
 the rank-0 channel: :mod:`.channel_ranks`), so every rank applies the same sizes before any
-CommTask of the next step exists. A measurement or simulation that fails leaves the job where it
+CommTask of the next step exists. Where the plan stays out, a plugin that offered its fusion bound
+(PyTorch on a GPU) is told in the same broadcast to fuse its gradients into larger tasks
+(:data:`STAY_OUT_FUSION_BYTES`). A measurement or simulation that fails leaves the job where it
 is, staying out of the way, with a warning naming the reason: never a hang (every operation is a
 collective that every rank calls, bounded by the backend's own timeouts or the channel's) and
 never different results (sizes change how gradients travel, not what they sum to). A broadcast
