@@ -8,8 +8,8 @@ the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic.
 servers). Each round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer
 alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet-ps), ``unfused``
 (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor; the KVStore never fuses) and
-``fused`` (bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB, and the
-PyTorch plugin's 25 MB from step 2 where the plan stays out; not for mxnet-ps). bytesched runs
+``fused`` (bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB, which the
+plan keeps on the CPU; not for mxnet-ps). bytesched runs
 with no other settings, so the start-up plan picks its sizes, as for a user who sets none. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps

@@ -101,7 +101,7 @@ class PlanOutcome:
 
     def describe(self) -> str:
         """What was applied, in a few words ("1MB partitions, 2MB credit")."""
-        fused = "" if self.fusion_bytes is None else f", gradients fused up to {format_size(self.fusion_bytes)} per task"
+        fused = "" if self.fusion_bytes is None else f", {_fused(self.fusion_bytes)}"
         params = self.params
         if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
             return "no partitioning, no credit limit" + fused
@@ -192,7 +192,7 @@ class StartupPlan:
             chosen, summary, level = self._plan(network, failure, start, end)
             fusion = self._fusion_for(chosen)
             if fusion is not None:
-                summary += f"; gradients fused up to {format_size(fusion)} per task"
+                summary += f"; {_fused(fusion)}"
             log.log(level, "bytesched plan: %s", summary)
         try:
             partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
@@ -260,3 +260,7 @@ def _encode(size: float | None) -> int:
 
 def _decode(value: int) -> float:
     return UNLIMITED if value == UNLIMITED_CODE else value
+
+
+def _fused(fusion_bytes: float) -> str:
+    return f"gradients fused up to {format_size(fusion_bytes)} per task"

@@ -67,8 +67,16 @@ class Bucket:
 def plan_buckets(slots: Sequence["ParamSlot"], fusion_bytes: float) -> list[list[int]]:
     """Indices into ``slots`` of each bucket: consecutive runs of one kind (group, dtype, device)
     holding at most ``fusion_bytes`` together, or a single larger parameter."""
-    return fusion_runs([slot.param.numel() * slot.param.element_size() for slot in slots], fusion_bytes,
-                       [(slot.group, slot.param.dtype, slot.param.device) for slot in slots])
+    return fusion_runs([_nbytes(slot) for slot in slots], fusion_bytes, [_kind(slot) for slot in slots])
+
+
+def _nbytes(slot: "ParamSlot") -> int:
+    return slot.param.numel() * slot.param.element_size()
+
+
+def _kind(slot: "ParamSlot") -> tuple:
+    """What parameters sharing a bucket have in common: group, dtype and device."""
+    return slot.group, slot.param.dtype, slot.param.device
 
 
 def agree_on_buckets(backend: "Backend", slots: Sequence["ParamSlot"], fusion_bytes: float) -> list[Bucket]:
@@ -98,10 +106,9 @@ def merge_buckets(buckets: Sequence[Bucket], fusion_bytes: float) -> list[Bucket
     """``buckets`` merged into runs of consecutive buckets of one kind (group, dtype, device)
     holding at most ``fusion_bytes`` together; a bucket larger than that stays alone. The
     members keep their order, so the layout stays the same on every rank."""
-    sizes = [sum(slot.param.numel() * slot.param.element_size() for slot in bucket.slots) for bucket in buckets]
-    kinds = [(bucket.group, bucket.slots[0].param.dtype, bucket.slots[0].param.device) for bucket in buckets]
-    return [Bucket([slot for index in run for slot in buckets[index].slots])
-            for run in fusion_runs(sizes, fusion_bytes, kinds)]
+    runs = fusion_runs([sum(_nbytes(slot) for slot in bucket.slots) for bucket in buckets], fusion_bytes,
+                       [_kind(bucket.slots[0]) for bucket in buckets])
+    return [Bucket([slot for index in run for slot in buckets[index].slots]) for run in runs]
 
 
 def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:

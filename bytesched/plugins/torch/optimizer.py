@@ -303,12 +303,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._steps += 1
         if params is not None:
             self._core.set_params(params)
-        plan = self._sizes.plan
-        if not planned and plan is not None and plan.fusion_bytes is not None:
+        plan = self._sizes.plan if not planned else None  # applied at this boundary
+        if plan is not None and plan.fusion_bytes is not None:
             _planned_fusion[self._core] = plan.fusion_bytes
         if self._fusion_due():
             self._fuse(_planned_fusion[self._core])
-        if not planned and plan is not None and self._sequence_instead_of_rank0(plan.params):
+        if plan is not None and self._sequence_instead_of_rank0(plan.params):  # the merged buckets' sequence
             self._core.start_in_sequence(self._pipeline.sequence())
             self._sequenced = True
 
