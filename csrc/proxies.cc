@@ -21,6 +21,8 @@
 // Two calls, not one per operation: every call from Python pays ctypes' argument conversion,
 // and the training thread makes these calls for every key of every step.
 //
+// bs_post_fence posts one such fence alone (a store passing through, without proxies or events).
+//
 // bs_post_copies posts the copies a fusion bucket makes between its gradients and its flat
 // buffer as one engine operation. MXNet's own concat and identity would do, but each draws one
 // of the engine's few shared temp-space variables, and a copy posted before its gradients exist
@@ -225,7 +227,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 4; }
+int bs_abi_version() { return 5; }
 
 // Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
 // It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
@@ -244,6 +246,16 @@ int bs_post_copies(void** srcs, void** dsts, const uint64_t* bytes, int n, NDArr
     return fail_mx("posting bytesched copies to the MXNet engine");
   }
   return 0;
+}
+
+// Post one operation that does nothing but order: it runs after every earlier user of `reads`
+// and `writes` (as a reader, a writer), and everything posted later on them waits for it. A store
+// that passes a partitioned tensor straight to the backend brackets the partitions' operations on
+// avatars with two of these, so they run concurrently but after the tensor's producer and before
+// its next user.
+int bs_post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes, int priority,
+                  const char* name) {
+  return post_fence(reads, n_reads, writes, n_writes, priority, name);
 }
 
 // Post the head of a task's chain: the entry fence on the n_tensors framework arrays, then the

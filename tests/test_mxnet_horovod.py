@@ -112,20 +112,24 @@ def test_tuning_without_a_floor_searches_a_lattice_fitted_to_the_trainers_parame
 def test_with_no_sizes_set_every_rank_applies_rank0s_start_up_plan_at_step_2() -> None:
     """No BYTESCHED_*_BYTES: the start-up plan observes step 1 of each scheduled run, rank 0
     simulates it on the timed all-reduce and logs its choice, and both ranks apply the same sizes
-    at step 2; the weights still equal plain Horovod's."""
+    at step 2. The 2 KB model gains nothing from scheduling, so the plan stays out: from step 2
+    both ranks pass through to Horovod's own all-reduce (the Core saw steps 0 and 1 only, one
+    fused task each), and the weights still equal plain Horovod's."""
     require("horovod.mxnet", "Horovod built with MXNet")
     env = {k: v for k, v in os.environ.items() if k not in ("BYTESCHED_PARTITION_BYTES", "BYTESCHED_CREDIT_BYTES")}
     result = run_job([require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
                       sys.executable, SCRIPTS / "mxnet_hvd.py"],
                      timeout=120, env={**env, "BYTESCHED_LOG_LEVEL": "INFO"})
     assert result.returncode == 0, result.stdout[-4000:]
-    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
-    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
-    plans = re.findall(r"HVD MXNET PLAN rank=(\d) optimizer=(\w+) step=(\d+) partition=(\S+) credit=(\S+)",
-                       result.stdout)
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+)", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0", "4"), ("EQUAL", "1", "4")], result.stdout[-4000:]
+    plans = re.findall(r"HVD MXNET PLAN rank=(\d) optimizer=(\w+) step=(\d+) partition=(\S+) credit=(\S+) "
+                       r"passes_through=(\w+)", result.stdout)
     assert len(plans) == 4, result.stdout[-4000:]
     for optimizer in ("sgd", "adam"):
         applied = {rank: sizes for rank, name, *sizes in plans if name == optimizer}
         assert sorted(applied) == ["0", "1"] and applied["0"] == applied["1"], plans
-        assert applied["0"][0] == "2"
-    assert result.stdout.count("[bytesched INFO] bytesched plan: measured") == 2, result.stdout[-4000:]
+        assert applied["0"] == ["2", "inf", "inf", "True"], plans
+    # rank 0 logs each run's plan (matched without the level prefix, which horovodrun's
+    # interleaving of the ranks' output can separate from the message)
+    assert len(re.findall(r"bytesched plan: measured \d+ gradients", result.stdout)) == 2, result.stdout[-4000:]

@@ -202,6 +202,20 @@ def test_with_no_sizes_set_every_worker_applies_rank0s_start_up_plan_at_step_2(p
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(TWO_JOBS)
+def test_a_plan_that_stays_out_passes_striped_keys_through_exactly(plain: Path, tmp_path: Path) -> None:
+    """With MXNet's big-array bound at 500 elements the two weight matrices are striped over both
+    servers, each in 4 server keys: passing through, their push+pulls run on fenced avatars, all 4
+    at once, after the gradient and before the next forward pass. Worker 1 pushes in reverse
+    with pauses; the result is still the plain store's (default bound), bit for bit."""
+    output = launch(tmp_path, "--store", "scheduled", "--skew",
+                    env={"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "BYTESCHED_LOG_LEVEL": "info"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert plans(output) == [(str(2 * (4 + 4 + 4)), "0", "inf,inf@2", "immediate")] * 2, output[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
 def test_a_sized_plan_repartitions_every_worker_at_step_2_and_restores_rank0_order(plain: Path,
                                                                                    tmp_path: Path) -> None:
     """Rank 0's simulation replaced by one that picks 1,000-byte partitions under a 2,000-byte

@@ -7,7 +7,8 @@ momentum (which MXNet updates four tensors per call) and once with Adam (one per
 ``HVD MXNET DIFFER ...``. With tuning switched on (``BYTESCHED_TUNING``), each scheduled run
 also prints ``HVD MXNET KEPT rank=R optimizer=O partition=P credit=C`` (``none`` while the search
 had not ended). With no sizes set (the start-up plan), each scheduled run prints ``HVD MXNET PLAN
-rank=R optimizer=O step=S partition=P credit=C`` (``none`` if no plan was applied); ``--steps``
+rank=R optimizer=O step=S partition=P credit=C passes_through=B`` (``none`` if no plan was
+applied); ``--steps``
 sets the training steps (12).
 """
 
@@ -50,7 +51,8 @@ def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
     if scheduled and opt._config.plan:
         plan = opt.plan
         applied = "none" if plan is None else \
-            f"step={plan.step} partition={plan.params.partition_bytes} credit={plan.params.credit_bytes}"
+            f"step={plan.step} partition={plan.params.partition_bytes} credit={plan.params.credit_bytes} " \
+            f"passes_through={opt.passes_through}"
         print(f"HVD MXNET PLAN rank={hvd.rank()} optimizer={optimizer} {applied}", flush=True)
     if scheduled and opt._config.tuning:
         kept = opt.tuned_params

@@ -24,7 +24,12 @@ begins a new step (Gluon updates each parameter once per step); there, once the 
 weights are written, the session hears of the step and the sizes it returns apply from that
 step's first all-reduce on every rank. With no sizes set, the start-up plan
 (:mod:`bytesched.runtime.plan`) is driven at the same boundaries, and its calibration all-reduces
-run where the gradients live (the first weight's context).
+run where the gradients live (the first weight's context). A plan that stays out of the way
+*passes through*: from that step on every update all-reduces with Horovod's own call
+(``DistributedOptimizer._do_allreduce``: its names, its fusion, no CommTask, proxy or Core), so
+the job runs as plain Horovod does. Staying out through the Core (every gradient whole, started
+the moment it is ready) ran the emulated ResNet50 and VGG16 on 2 ranks at 10 Gbit/s at 0.985x-0.989x
+of plain Horovod: the Core's work per tensor, with nothing to schedule.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.sizes import SizeSwitches
+from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
 
 from .fusion import Bucket
@@ -83,6 +89,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._step = -1
         self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
         self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
+        self._passes_through = False
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_hvd" not in self.__dict__:
@@ -102,6 +109,11 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         return self._sizes.plan
 
     @property
+    def passes_through(self) -> bool:
+        """The plan stayed out of the way, and Horovod's own all-reduce runs (module doc)."""
+        return self._passes_through
+
+    @property
     def tuned_params(self) -> SchedulingParams | None:
         """The partition and credit sizes tuning kept, the same on every rank (None while tuning
         still searches, and without tuning)."""
@@ -109,7 +121,9 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
 
     def set_params(self, params: SchedulingParams) -> None:
         """New partition and credit sizes, from the next all-reduce on (call it at the same step
-        on every rank: the partitions' names and shapes must match across ranks)."""
+        on every rank: the partitions' names and shapes must match across ranks); this ends
+        passing through."""
+        self._passes_through = False
         self._core.set_params(params)
         size = params.partition_bytes
         self._partition_bytes = size if size is not None else partition_size(self._config.policy, params)
@@ -156,7 +170,10 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                                model_bytes=self._model_bytes(grads), drain=self._wait_written)
         if self._sizes.active:
             self._step_boundary(indices, weights)
-        self._allreduce(indices, grads)
+        if not self._passes_through:
+            self._allreduce(indices, grads)
+        elif self._hvd._process_set.included():
+            self._hvd._do_allreduce(index, grad)
         if single:
             apply(index, weight, grad, state)
             return
@@ -190,6 +207,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             params = self._sizes.on_step(self._step)
             if params is not None:
                 self.set_params(params)
+                self._passes_through = self._sizes.plan is not None and params == STAY_OUT
             if not self._sizes.active:
                 return
         self._seen.update(indices)

@@ -65,12 +65,18 @@ the servers' optimizer leaves alone), rank 0 simulates step 1 on that network an
 choice over the rank-0 channel (:class:`~bytesched.runtime.channel_ranks.ChannelRanks`), and every
 worker applies it before anything of step 2 is posted. A sized plan re-partitions the keys
 (below) and restores rank 0's order. A plan that stays out *passes through*: from then on each
-push, pull or pushpull is the wrapped store's own operation on plain views of the arrays
-(:class:`.task.Views`, which share the arrays' engine variables), posted from the caller's
-thread with no CommTask, proxy or Core in between; a pushpull repeating its previous call's
-objects (Gluon's Trainer, every step) reuses that call's arguments. On 2 workers over loopback
-this added 34 us per key over the plain store, where the Core's path added 158 us (the overhead
-benchmark, docs/benchmarks.md). :meth:`set_params` ends it. The outcome is
+push, pull or pushpull is the wrapped store's own operation, posted from the caller's thread with
+no CommTask, proxy or Core in between; a pushpull repeating its previous call's objects (Gluon's
+Trainer, every step) reuses that call's arguments. A key on one server key goes on a plain view
+of its arrays (:class:`.task.Views`, which shares the arrays' engine variables). A key laid out
+in several server keys (one above MXNet's big-array bound, striped over the servers) goes on
+avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
+Core would start them: on views they went one after another, and the emulated VGG16 on 2
+workers at 1 Gbit/s ran at 0.83x the plain store; fenced, 1.33x, as fast as the Core starting
+every key on readiness (docs/benchmarks.md). The layout is the one the plan simulated as staying
+out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per key over the
+plain store, where the Core's path added 158 us (the overhead benchmark, docs/benchmarks.md).
+:meth:`set_params` ends it. The outcome is
 :attr:`ScheduledKVStore.plan`. The Core runs in ``rank0`` mode (and opens the channel) from the
 start, as under tuning, since a sized plan sets a credit.
 
@@ -113,7 +119,7 @@ from bytesched.tuning import make_session
 from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
-from .task import Arrays, Avatars, ProxiedTask, Views, unique_arrays
+from .task import Arrays, Avatars, FencedAvatars, ProxiedTask, Views, unique_arrays
 
 log = logging.getLogger("bytesched")
 
@@ -153,6 +159,18 @@ class _Operation:
             kv.push(self.keys, self.values, priority=priority)
         else:
             kv.pull(self.keys, out=self.outs, priority=priority)
+
+
+@dataclass(frozen=True)
+class _Passed:
+    """An operation passed through (module doc, "Start-up plan"): the wrapped store's call,
+    posted the way its views need (:meth:`.task.Views.pass_through`)."""
+
+    views: Views
+    operation: _Operation
+
+    def post(self, kv: mx.kv.KVStore, priority: int) -> None:
+        self.views.pass_through(priority, lambda: self.operation.post(kv, priority))
 
 
 class KVCommTask(ProxiedTask):
@@ -265,7 +283,7 @@ class ScheduledKVStore(KVStoreBase):
         self._lock = threading.Condition()
         self._tasks: dict[int, KVCommTask] = {}
         self._error: BaseException | None = None
-        self._avatars: dict[tuple[str, UserKey], Views] = {}  # Avatars, or Views while passing through
+        self._avatars: dict[tuple[str, UserKey], Views] = {}  # Avatars; passing through, Views or FencedAvatars
         self._optimizer: mx.optimizer.Optimizer | None = None
         self._optimizer_version = (next(_STORES), 0)
         self._installed: PartitionedOptimizer | None = None
@@ -286,8 +304,8 @@ class ScheduledKVStore(KVStoreBase):
         self._timing_parts: dict[int, Part] = {}  # the start-up plan's timed keys
         self._passthrough = False  # the plan stayed out: operations go to the wrapped store directly
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
-        self._prepared: dict[tuple[str, UserKey], tuple[Views, Any, _Operation]] = {}  # _pass_through's
-        self._repeats: dict[UserKey, tuple[Any, Any, _Operation]] = {}  # a pushpull's objects and operation
+        self._prepared: dict[tuple[str, UserKey], tuple[Any, _Passed]] = {}  # _pass_through's
+        self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
         self._closed = False
         atexit.register(self.close)
 
@@ -369,11 +387,11 @@ class ScheduledKVStore(KVStoreBase):
             return
         pushes = self._pairs(key, value)
         pulls = pushes if out is None else self._pairs(key, out)
-        operation = None
+        passed = None
         for (user_key, values), (_, outs) in zip(pushes, pulls):
-            operation = self._submit("pushpull", user_key, values, outs, priority)
-        if operation is not None and not isinstance(key, (list, tuple)):
-            self._repeats[key] = (value, out, operation)
+            passed = self._submit("pushpull", user_key, values, outs, priority)
+        if passed is not None and not isinstance(key, (list, tuple)):
+            self._repeats[key] = (value, out, passed)
 
     def _repeat_pushpull(self, key: Any, value: Any, out: Any, priority: int) -> bool:
         """Passing through, a pushpull of one key with the very objects of its previous one (what
@@ -474,7 +492,7 @@ class ScheduledKVStore(KVStoreBase):
         log.info("re-partitioned %d keys at %s bytes (step %d)", len(pairs), size, self.step)
 
     # -- submission -------------------------------------------------------------------------
-    def _submit(self, kind: str, user_key: UserKey, values: Arrays, outs: Arrays, priority: int) -> _Operation | None:
+    def _submit(self, kind: str, user_key: UserKey, values: Arrays, outs: Arrays, priority: int) -> _Passed | None:
         """Hand one key's operation to the Core, or while passing through post it (returned)."""
         self._check_healthy()
         self._next_step_if(kind, user_key)
@@ -489,8 +507,7 @@ class ScheduledKVStore(KVStoreBase):
             # and each of these reads is a call into MXNet (see "Posting cost" in the module doc).
             for array in arrays:
                 self._check_layout(user_key, layout, array)
-            views = self._avatars[(kind, user_key)] = (Views(arrays, layout.ranges) if self._passthrough
-                                                       else Avatars(self.library, arrays, layout.ranges))
+            views = self._avatars[(kind, user_key)] = self._views(arrays, layout)
         if values:
             self._pushed_since_pull.add(user_key)
         if outs:
@@ -508,17 +525,27 @@ class ScheduledKVStore(KVStoreBase):
         return None
 
     def _pass_through(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
-                      outs: Arrays, priority: int) -> _Operation:
+                      outs: Arrays, priority: int) -> _Passed:
         """Post the wrapped store's operation on ``views``, its arguments worked out once per key
         and arrays (every argument of MXNet's list form costs a Python conversion per call)."""
         roles = (tuple(map(id, values)), tuple(map(id, outs)))
         prepared = self._prepared.get((kind, user_key))
-        if prepared is None or prepared[0] is not views or prepared[1] != roles:
-            prepared = self._prepared[(kind, user_key)] = (views, roles,
-                                                           _Operation.of(layout, views, values, outs, plain=True))
-        operation = prepared[2]
-        operation.post(self._kv, priority)
-        return operation
+        if prepared is None or prepared[1].views is not views or prepared[0] != roles:
+            prepared = self._prepared[(kind, user_key)] = (
+                roles, _Passed(views, _Operation.of(layout, views, values, outs, plain=True)))
+        passed = prepared[1]
+        passed.post(self._kv, priority)
+        return passed
+
+    def _views(self, arrays: Arrays, layout: KeyLayout) -> Views:
+        """What a key's operations are posted on: avatars the Core's proxies gate; while passing
+        through, plain views of a key on one server key, fenced avatars of a partitioned one
+        (:class:`.task.FencedAvatars` says why not views)."""
+        if not self._passthrough:
+            return Avatars(self.library, arrays, layout.ranges)
+        if len(layout.server_keys) == 1:
+            return Views(arrays, layout.ranges)
+        return FencedAvatars(self.library, arrays, layout.ranges)
 
     def _next_step_if(self, kind: str, user_key: UserKey) -> None:
         """A key communicated again starts a new step (Trainer and Module touch each key once

@@ -22,7 +22,7 @@ from mxnet.base import _LIB, NDArrayHandle, check_call
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 4
+ABI_VERSION = 5
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -72,6 +72,7 @@ class ProxyLibrary:
         held.bs_post_exit.argtypes = [u64, i32, vp, i32, vp, i32, i32]
         held.bs_release.argtypes = [u64, i32]
         held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
+        held.bs_post_fence.argtypes = [vp, i32, vp, i32, i32, ctypes.c_char_p]
         self._lib = lib
         self._held = held
         self.path = path
@@ -100,6 +101,10 @@ class ProxyLibrary:
     def post_copies(self, copies: "Copies", priority: int) -> None:
         """Post ``copies`` (one engine operation)."""
         self._check(self._held.bs_post_copies(*copies.arguments, priority, copies.name), "posting copies")
+
+    def post_fence(self, fence: "Fence", priority: int) -> None:
+        """Post ``fence`` (one engine operation that only orders)."""
+        self._check(self._held.bs_post_fence(*fence.arguments, priority, fence.name), "posting a fence")
 
     def make_avatar(self, array: mx.nd.NDArray) -> mx.nd.NDArray:
         """A new NDArray over ``array``'s memory with its own engine variable."""
@@ -155,6 +160,17 @@ class Chain:
         # bs_post_entry's and bs_post_exit's arguments between the task token and the priority
         self.arguments = (len(parts), handle_array(tensors), len(tensors),
                           handle_array([a for part in parts for a in part]), len(parts[0]))
+
+
+class Fence:
+    """An engine operation that does nothing but order: after every earlier user of ``reads``
+    (as their reader) and ``writes`` (as their writer), before every later one. Its handle arrays
+    are built once, as a :class:`Chain`'s are."""
+
+    def __init__(self, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray], name: str) -> None:
+        self._arrays = (list(reads), list(writes))  # their handles stay valid
+        self.name = name.encode()
+        self.arguments = (handle_array(reads), len(reads), handle_array(writes), len(writes))
 
 
 class Copies:

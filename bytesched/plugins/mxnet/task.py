@@ -27,7 +27,7 @@ import mxnet as mx
 
 from bytesched.core import CommTask, SubTask
 
-from .proxies import Chain, ProxyEvents, ProxyLibrary
+from .proxies import Chain, Fence, ProxyEvents, ProxyLibrary
 
 Arrays = list[mx.nd.NDArray]
 Ranges = Sequence[tuple[int, int]]
@@ -59,6 +59,11 @@ class Views:
         position = {a.handle.value: j for j, a in enumerate(self.arrays)}
         return [[part[position[a.handle.value]] for a in arrays] for part in self.parts]
 
+    def pass_through(self, priority: int, communicate: Callable[[], None]) -> None:
+        """Post ``communicate()`` (the backend's operations on these views) with nothing around
+        it: the engine orders it by the tensors' own variables."""
+        communicate()
+
 
 class Avatars(Views):
     """Per partition, one avatar of each given tensor's elements ``[start, stop)`` (flattened):
@@ -71,6 +76,30 @@ class Avatars(Views):
 
     def _parts(self, flats: Arrays) -> list[Arrays]:
         return [[self._library.make_avatar(view) for view in part] for part in super()._parts(flats)]
+
+
+class FencedAvatars(Avatars):
+    """Avatars that a store passing through brackets with two fences instead of the proxy chain.
+
+    Views of one tensor share its engine variable, and MXNet's dist store posts each server key's
+    push+pull as a writer of the gradient it sends: the partitions of a tensor passed through on
+    views would run one after another, each a full round trip to one server, while MXNet's own
+    call of the whole tensor sends its per-server slices at once. On avatars the partitions run
+    concurrently; the entry fence (a writer of the tensors and of every avatar) makes them wait
+    for the gradient and for the weight's last reader, and the exit fence (a reader of the avatars,
+    a writer of the tensors) makes the tensors' next users wait for all of them. No Core, proxy
+    or event is involved."""
+
+    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
+        super().__init__(library, arrays, ranges)
+        avatars = [a for part in self.parts for a in part]
+        self._entry = Fence([], list(arrays) + avatars, "bytesched_pass_through_entry")
+        self._exit = Fence(avatars, arrays, "bytesched_pass_through_exit")
+
+    def pass_through(self, priority: int, communicate: Callable[[], None]) -> None:
+        self._library.post_fence(self._entry, priority)
+        communicate()
+        self._library.post_fence(self._exit, priority)
 
 
 def unique_arrays(arrays: Arrays) -> Arrays:
