@@ -10,7 +10,10 @@ alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet
 (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor; the KVStore never fuses) and
 ``fused`` (bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB, which the
 plan keeps on the CPU; not for mxnet-ps). bytesched runs
-with no other settings, so the start-up plan picks its sizes, as for a user who sets none. Reported per
+with no other settings, so the start-up plan picks its sizes, as for a user who sets none. On the
+MXNet stacks a plan that stays out passes every operation to the framework's own call, so those
+modes measure that path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor, MXNet only) measures
+the path through the Core that a plan with sizes, or tuning, takes. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
 (every thread's, voluntary and not: each time a thread blocks, on the GIL, a lock, a queue or the
@@ -40,10 +43,14 @@ from .horovod_jobs import end_job, horovodrun_argv
 from .provenance import revision
 
 FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
-MODES = {"plain": None, "unfused": "1", "fused": None}
-"""Each mode and the ``BYTESCHED_FUSION_BYTES`` its job runs with (None: as the environment says)."""
+MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_BYTES": "1"}, "fused": {},
+                                   "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0"}}
+"""Each mode and the environment its job runs with, over the caller's."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
+PASSES_THROUGH = ("mxnet", "mxnet-ps")
+"""Stacks whose plugin hands everything to the framework where the plan stays out: a ``core``
+mode too (the others go through the Core in ``unfused`` already)."""
 RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+)")
 JOB_TIMEOUT_S = 300.0
 
@@ -251,9 +258,7 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
                 "--", sys.executable, "-m", "benchmarks.overhead", *worker_args]
     else:
         argv = horovodrun_argv(2, "benchmarks.overhead", worker_args)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if MODES[mode] is not None:
-        env["BYTESCHED_FUSION_BYTES"] = MODES[mode]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **MODES[mode])
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -282,7 +287,8 @@ def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]
 
 def modes_of(framework: str) -> tuple[str, ...]:
     """The modes run for ``framework``."""
-    return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY))
+    return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY)
+                 and not (mode == "core" and framework not in PASSES_THROUGH))
 
 
 def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict[str, Any]:

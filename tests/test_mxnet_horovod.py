@@ -75,7 +75,10 @@ def test_scheduled_optimizer_tunes_alike_on_every_rank_and_equals_plain_horovod(
     the weights are plain Horovod's."""
     log = tmp_path / "tuning.csv"
     output = tuning_job(log, {"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "3000",
-                              "BYTESCHED_FUSION_BYTES": "2500", "BYTESCHED_TUNING_FLOOR": "1000:3000"})
+                              "BYTESCHED_FUSION_BYTES": "2500", "BYTESCHED_TUNING_FLOOR": "1000:3000",
+                              "BYTESCHED_LOG_LEVEL": "INFO"})
+    # each run's rank 0 measured its step 1 and the all-reduce for the search's first points
+    assert len(re.findall(r"bytesched tuning: warm start measured \d+ gradients", output)) == 2, output[-4000:]
 
     kept = {(rank, optimizer): sizes for rank, optimizer, sizes
             in re.findall(r"HVD MXNET KEPT rank=(\d) optimizer=(\w+) (.*)", output)}

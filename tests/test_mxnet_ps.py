@@ -162,11 +162,15 @@ def test_adam_with_a_credit_below_the_partitions_across_a_repartition(tmp_path: 
 def test_tuning_switches_sizes_on_every_worker_alike(plain: Path, tmp_path: Path) -> None:
     """BYTESCHED_TUNING=1 with three 6-step trials: rank 0 picks the sizes, every worker switches
     at the same steps (each new partition size is a live re-partition of the server keys), both
-    keep the same final sizes, and the weights are still exactly the plain store's."""
+    keep the same final sizes, and the weights are still exactly the plain store's. Meanwhile
+    every worker times a push+pull at step 2 and rank 0 predicts the search's first points from
+    the step it observed (the warm start)."""
     output = launch(tmp_path, "--store", "scheduled",
                     env={"BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "3",
                          "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6", "BYTESCHED_TUNING_WARMUP_STEPS": "0",
-                         "BYTESCHED_TUNING_SEED": "3"})
+                         "BYTESCHED_TUNING_SEED": "3", "BYTESCHED_LOG_LEVEL": "info"})
+    assert len(re.findall(r"bytesched tuning: warm start measured 6 gradients .* and the push\+pull", output)) == 1, \
+        output[-4000:]
 
     kept = re.findall(r"TRAINED .* tuned=(\S+) repartitions=(\d+)", output)
     assert len(kept) == 2 and kept[0] == kept[1] and kept[0][0] != "none", output[-4000:]

@@ -107,6 +107,7 @@ def test_horovod_tuning_finishes_its_trials_ranks_agree_and_results_are_unchange
     """Crossing the barrier: both trials, the same switches on both ranks at the agreed steps, the
     same bits as plain hvd.DistributedOptimizer, and the log's best is what both ranks kept."""
     horovod_job.check(["tune/same_as_unscheduled", "tune/finished"])
+    assert "bytesched tuning: warm start measured" in horovod_job.output  # rank 0: the search's first points
     agreed = horovod_job.agreed("tune")
     assert [step for step, _, _ in agreed["applied"]] == SWITCH_STEPS
     assert agreed["applied"][-1][1:] == agreed["tuned"]

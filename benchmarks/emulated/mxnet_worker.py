@@ -44,7 +44,8 @@ def forward_order(model: EmulatedModel) -> list[gluon.Parameter]:
 
 def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[gluon.Trainer, Any, int, int]:
     """The Gluon trainer for ``config``; the store (drained at the end) or bytesched's optimizer,
-    asked for its start-up plan; rank; world size."""
+    asked for its start-up plan; rank (on a parameter server, bytesched's rank where it runs,
+    else ps-lite's); world size."""
     settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params,
                                            plan=config.plan) if config.scheduled else None
     if backend == "ps":
@@ -53,6 +54,7 @@ def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledKVStore
             store = ScheduledKVStore(store, config=settings)
+            rank = store.core_rank  # the worker that plans: its run record carries the plan's own line
         return gluon.Trainer(forward_order(model), "sgd", SGD, kvstore=store), store, rank, size
     if backend == "horovod":
         import torch  # noqa: F401  (before horovod.mxnet, else that import segfaults; not needed for ps)

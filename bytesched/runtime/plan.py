@@ -12,7 +12,8 @@ a :class:`StartupPlan` at every step boundary, and the plan runs this course::
                               size and ready time           (:func:`bytesched.sim.plan.make_plan`)
                                                             and broadcasts; every rank applies
 
-Until the plan is made the job stays out of the way (every gradient sent whole the moment it is
+(The observing and timing are :class:`~.start_observer.StartObserver`'s; a tuned job gets the
+same measurements as its search's first points instead, :mod:`.warm_start`.) Until the plan is made the job stays out of the way (every gradient sent whole the moment it is
 ready, the cheapest path through bytesched), so planning never makes a step slower than the
 baseline by more than two drains. The operation timed is the backend's per-tensor one: an
 all-reduce, or a parameter server's push+pull. Rank 0's choice travels in the backend's own
@@ -44,9 +45,9 @@ from bytesched.core.channel import ChannelError
 from bytesched.core.config import UNLIMITED, format_size
 from bytesched.sim.plan import STAY_OUT, STAY_OUT_MARGIN, Plan, make_plan
 
-from .calibration import NetworkCost, large_bytes_for, measure_network
+from .calibration import NetworkCost
 from .lifecycle import Ranks
-from .observed import StepRecorder, measured_profile
+from .start_observer import Operation, StartObserver
 
 log = logging.getLogger("bytesched")
 
@@ -65,11 +66,6 @@ follow rank 0's announced order there too, but a push waits for every worker's c
 server anyway, so the announcement costs less than over torch.distributed. On 4 emulated workers
 and 4 servers, ResNet50 at 1 Gbit/s, the plan chose 1 MB partitions under an 8 MB credit in 5 of 5
 runs and ran at 1.09x the plain store, where staying out ran at 1.05x."""
-IDLE_TIMEOUT_S = 10.0
-"""How long the plan waits, after its drain, for the Core to have handled every finish of the
-observed step before it stops observing (past that it plans from what it saw)."""
-OBSERVED_STEP = 1
-"""The step whose gradients the plan is made from: the first one after start-up's one-off costs."""
 UNLIMITED_CODE = 0
 """How an unlimited size travels in the integer broadcast."""
 KEEP_FUSION_CODE = 0
@@ -87,10 +83,6 @@ STAY_OUT_MIN_TASKS = 4
 """The fewest tasks a plan that stays out fuses a model into, so that communication still starts
 before the backward pass ends (DDP starts its first bucket at 1 MB for the same reason)."""
 
-
-Operation = Callable[[int], Callable[[], None]]
-"""``operation(nbytes)``: a blocking call of the library's per-tensor operation (an all-reduce)
-on ``nbytes``, placed where the gradients live (a GPU's memory), which every rank calls together."""
 
 
 @dataclass(frozen=True)
@@ -120,20 +112,13 @@ def wants_plan(config: Config, world_size: int) -> bool:
             and not (config.tuning or config.tuning_load))
 
 
-class StartupPlan:
+class StartupPlan(StartObserver):
     """Call :meth:`on_step` at every step boundary on every rank, with the same step numbers, and
     apply what it returns before the step's first CommTask.
 
     Args:
-        core: the Core whose finished sub-tasks reveal the observed step.
-        ranks: the backend's ranks and collectives.
-        operation: the backend's per-tensor operation, to time (:data:`Operation`).
-        arch: ``allreduce`` or ``ps`` (the simulator's architecture for this job).
-        model_bytes: the gradient bytes of the model, the same on every rank (sizes the
-            calibration's large operation).
-        drain: blocks until every communication and update already released has landed.
-        servers, bigarray_bound: a parameter-server job's servers and MXNet's big-array bound
-            (elements): where the timed float32 operation and the model's keys are placed.
+        core, ranks, operation, arch, model_bytes, drain, servers, bigarray_bound: what the
+            observation needs (:class:`~.start_observer.StartObserver`).
         fusion_bytes: the plugin's fusion bound, where the plan may raise it (a plugin that
             fuses gradients into tasks and can re-fuse them at the plan's step); None: it may not.
             A plan that stays out of the way raises it to :data:`STAY_OUT_FUSION_BYTES`, at most
@@ -143,18 +128,9 @@ class StartupPlan:
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
                  drain: Callable[[], None], servers: int | None = None,
                  bigarray_bound: int | None = None, fusion_bytes: float | None = None) -> None:
-        self._core = core
-        self._ranks = ranks
-        self._operation = operation
-        self._arch = arch
-        self._operation_name = "push+pull" if arch == "ps" else "all-reduce"
-        self._ps_options = {} if servers is None else {"servers": servers, "bigarray_bound": bigarray_bound}
-        self._large_bytes = large_bytes_for(model_bytes)
-        self._model_bytes = model_bytes
-        self._drain = drain
+        super().__init__(core, ranks, operation, arch=arch, model_bytes=model_bytes, drain=drain,
+                         servers=servers, bigarray_bound=bigarray_bound)
         self._fusion_bytes = fusion_bytes
-        self._recorder = StepRecorder()
-        self._observed_from: float | None = None
         self.outcome: PlanOutcome | None = None
 
     @property
@@ -162,35 +138,15 @@ class StartupPlan:
         """The plan is applied: on_step does nothing any more."""
         return self.outcome is not None
 
-    def on_step(self, step: int) -> SchedulingParams | None:
-        """Step ``step`` is about to begin; returns the sizes to switch to before it, or None."""
-        if self.done:
-            return None
-        if step < OBSERVED_STEP:
-            return STAY_OUT
-        if step == OBSERVED_STEP:
-            self._drain()  # the observed step's forward pass waits for nothing of the step before
-            self._core.observe(self._recorder)
-            self._observed_from = time.monotonic()
-            return None
-        if self._observed_from is None:
-            raise RuntimeError(f"the start-up plan was first told of step {step}; every rank must call "
-                               f"on_step from step 0 on")
-        self._drain()
-        if not self._core.wait_idle(IDLE_TIMEOUT_S):
-            log.debug("bytesched plan: the Core still had sub-tasks in flight after %g s", IDLE_TIMEOUT_S)
-        self._core.observe(None)
-        # Every task of the observed step was ready once the drain returned (the Core may take
-        # its ready events after step() was called), and none of the next step's can be yet.
-        self.outcome = self._decide(step, self._observed_from, time.monotonic())
+    def _before_observing(self) -> SchedulingParams:
+        return STAY_OUT
+
+    def _after_observing(self, step: int, start: float, end: float) -> SchedulingParams:
+        self.outcome = self._decide(step, start, end)
         return self.outcome.params
 
     def _decide(self, step: int, start: float, end: float) -> PlanOutcome:
-        try:
-            network: NetworkCost | None = measure_network(self._operation, self._large_bytes)
-            failure = ""
-        except Exception as exc:  # a backend error: every rank failed the same collective
-            network, failure = None, f"timing the backend's {self._operation_name} failed: {exc}"
+        network, failure = self._time_backend()
         summary = ""
         chosen = STAY_OUT
         fusion = None
@@ -227,26 +183,17 @@ class StartupPlan:
     def _plan(self, network: NetworkCost | None, failure: str, start: float,
               end: float) -> tuple[SchedulingParams, str, int]:
         """Rank 0: the sizes to broadcast, the line that says why and the level to log it at."""
-        from bytesched.sim import make_cluster
-
-        tasks = self._recorder.step(start, end)
         if network is None:
             return self._stay_out(failure)
         try:
-            profile = measured_profile(tasks, start)
-            striped = not self._ps_options or self._large_bytes // 4 >= self._ps_options["bigarray_bound"]
-            options = network.simulator_options(self._arch, self._ranks.size, self._ps_options.get("servers"), striped)
-            cluster = make_cluster(arch=self._arch, workers=self._ranks.size, bucket_bytes=0,
-                                   **options, **self._ps_options)
+            job = self._observed_job(network, start, end)
             started = time.perf_counter()
-            plan = make_plan(profile, cluster, self._sized_margin())
+            plan = make_plan(job.profile, job.cluster, self._sized_margin())
             seconds = time.perf_counter() - started
         except Exception as exc:  # nothing observed, or the simulator refused the measurements
             return self._stay_out(f"no plan could be made: {exc}")
-        summary = (f"measured {len(tasks)} gradients ({profile.nbytes / 1e6:.1f} MB, compute "
-                   f"{profile.compute_time * 1e3:.0f} ms) and the {self._operation_name} ({network.describe()}); "
-                   f"chose {plan.describe()}, predicted {plan.predicted_speedup:.2f}x over staying out "
-                   f"(planned in {seconds:.2f} s)")
+        summary = (f"{job.describe(self.operation_name)}; chose {plan.describe()}, predicted "
+                   f"{plan.predicted_speedup:.2f}x over staying out (planned in {seconds:.2f} s)")
         return _params_of(plan), summary, logging.INFO
 
     def _sized_margin(self) -> float:

@@ -1,5 +1,6 @@
 """What switches a Core's partition and credit sizes at step boundaries: the start-up plan or the
-tuning session (never both: :func:`~.plan.wants_plan` leaves tuned jobs to the tuner).
+tuning session (never both: :func:`~.plan.wants_plan` leaves tuned jobs to the tuner, whose first
+points a :class:`~.warm_start.TuningWarmStart` may measure in the plan's place, switching nothing).
 
 A plugin makes the ones its job wants, calls :meth:`SizeSwitches.on_step` at every step boundary
 while :attr:`~SizeSwitches.active`, and applies the sizes it returns; once both are over, the
@@ -12,12 +13,14 @@ from bytesched.core import SchedulingParams
 from bytesched.tuning import TuningSession
 
 from .plan import PlanOutcome, StartupPlan
+from .warm_start import TuningWarmStart
 
 
 class SizeSwitches:
     """The start-up plan and tuning session of one Core, and what they settled on."""
 
-    def __init__(self, planning: StartupPlan | None = None, tuning: TuningSession | None = None) -> None:
+    def __init__(self, planning: StartupPlan | TuningWarmStart | None = None,
+                 tuning: TuningSession | None = None) -> None:
         self.planning = planning
         self.tuning = tuning
         self.plan: PlanOutcome | None = None

@@ -52,6 +52,13 @@ class FollowerChannel(Protocol):
     def report(self, kind: str, body: dict[str, Any]) -> None: ...
 
 
+class WarmStart(Protocol):
+    """Where the search's first points come from: predictions for ``space``, polled as the
+    tuner's ``predictions`` are (None until ready; then the points, best first)."""
+
+    def predictions(self, space: SearchSpace, policy: str) -> Callable[[], Sequence[Point] | None]: ...
+
+
 class TuningSession:
     """Call :meth:`on_step` at every step boundary on every rank; apply what it returns.
 
@@ -208,13 +215,16 @@ class TuningSession:
 
 def make_session(config: Config, *, rank: int, world_size: int,
                  channel: LeaderChannel | FollowerChannel | None, arch: str,
-                 model_bytes: int | None = None) -> TuningSession | None:
+                 model_bytes: int | None = None, warm_start: WarmStart | None = None) -> TuningSession | None:
     """The tuning session this rank's plugin drives, or None when neither ``BYTESCHED_TUNING``
     nor ``BYTESCHED_TUNING_LOAD`` is set (the fixed sizes of ``config.params`` then apply).
 
     ``arch`` (``allreduce`` or ``ps``) picks the search space, which a small model's gradient
     bytes ``model_bytes`` move down (:func:`~bytesched.tuning.space.space_for`; every rank
-    passes the same). Bad settings raise ConfigError here, on every rank.
+    passes the same). ``warm_start``: where the search's first points come from when
+    ``BYTESCHED_TUNING_PROFILE`` is not set (the job's own observed step,
+    :class:`~bytesched.runtime.warm_start.TuningWarmStart`). Bad settings raise ConfigError
+    here, on every rank.
     """
     if not (config.tuning or config.tuning_load):
         return None
@@ -226,14 +236,14 @@ def make_session(config: Config, *, rank: int, world_size: int,
     opening = space.nearest(config.params, default_partition) if config.tuning else None
     decider: Decider | None = None
     if rank == 0:
-        decider = _leader_decider(config, plan, space, opening, world_size)
+        decider = _leader_decider(config, plan, space, opening, world_size, warm_start)
     return TuningSession(rank, world_size, channel=channel, decider=decider, timeout=config.channel_timeout_s,
                          opening=None if opening is None else space.params(opening),
                          first_wait=plan.steps_per_trial if config.tuning else plan.lead, lead=plan.lead)
 
 
 def _leader_decider(config: Config, plan: TrialPlan, space: SearchSpace, opening: Point | None,
-                    world_size: int) -> Decider:
+                    world_size: int, warm_start: WarmStart | None) -> Decider:
     from .log import TuningLog, load_best
 
     loaded = load_best(config.tuning_load) if config.tuning_load else None
@@ -248,6 +258,8 @@ def _leader_decider(config: Config, plan: TrialPlan, space: SearchSpace, opening
     predictions = None
     if config.tuning_profile or config.tuning_bandwidth:
         predictions = background_predictions(config, space, world_size)
+    elif warm_start is not None:
+        predictions = warm_start.predictions(space, config.policy)
     tuning_log = TuningLog(config.tuning_log) if config.tuning_log else None
     return Tuner(search, plan, opening=opening, max_trials=config.tuning_max_trials, tuning_log=tuning_log,
                  predictions=predictions)
@@ -263,11 +275,17 @@ def background_predictions(config: Config, space: SearchSpace, world_size: int,
     from .warmstart import predict_points, warm_start_inputs
 
     profile, cluster = warm_start_inputs(config, space.arch, world_size)
+    return predicted_in_background(lambda: predict_points(profile, cluster, space, policy=config.policy))
+
+
+def predicted_in_background(predict: Callable[[], list[Point]]) -> Callable[[], Sequence[Point] | None]:
+    """Run ``predict`` on a background thread; the returned function answers None until it is
+    done, then its points (an empty list if it failed, which is logged)."""
     future: Future[list[Point]] = Future()
 
     def work() -> None:
         try:
-            future.set_result(predict_points(profile, cluster, space, policy=config.policy))
+            future.set_result(predict())
         except Exception as exc:  # a simulator failure costs the warm start, not the job
             future.set_exception(exc)
 

@@ -40,6 +40,7 @@ FORCED = SchedulingParams(partition_bytes=1000, credit_bytes=2000)
 def replace_plan(case: str) -> None:
     """Make the start-up plan pick FORCED (``forced``) or fail to time the network (``failed``)."""
     import bytesched.runtime.plan as plan_module
+    import bytesched.runtime.start_observer as observer_module
     from bytesched.sim.plan import Plan
 
     if case == "forced":
@@ -52,7 +53,7 @@ def replace_plan(case: str) -> None:
     else:
         def failing(*args: object) -> None:
             raise RuntimeError("the push+pull failed (injected by the test)")
-        plan_module.measure_network = failing  # type: ignore[assignment]
+        observer_module.measure_network = failing  # type: ignore[assignment]
 
 
 def model() -> gluon.nn.HybridSequential:

@@ -36,6 +36,7 @@ import torch
 
 import bytesched.plugins.torch.optimizer as optimizer_module
 import bytesched.runtime.plan as plan_module
+import bytesched.runtime.start_observer as observer_module
 from bytesched.core import Core, SchedulingParams
 from bytesched.core.config import format_size
 from bytesched.plugins.torch import ScheduledOptimizer
@@ -47,7 +48,7 @@ STEPS = 8
 FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
 SET_PARAMS: list[list[str]] = []
 _set_params = Core.set_params
-measure_network = plan_module.measure_network
+measure_network = observer_module.measure_network
 plan_fusion = optimizer_module._plan_fusion
 
 
@@ -80,7 +81,7 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     SET_PARAMS.clear()
     os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
     plan_module.make_plan = {"forced": forced_plan, "fused": staying_out_plan}.get(case, make_plan)  # type: ignore[assignment]
-    plan_module.measure_network = failing_network if case in ("failed", "reuse") else measure_network  # type: ignore[assignment]
+    observer_module.measure_network = failing_network if case in ("failed", "reuse") else measure_network  # type: ignore[assignment]
     optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
     if case == "sized":
         os.environ["BYTESCHED_PARTITION_BYTES"] = "2MB"

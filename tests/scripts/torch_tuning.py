@@ -65,11 +65,11 @@ class Recorder:
         self.longest_wait = 0.0
 
     def make_session(self, config: Any, *, rank: int, world_size: int, channel: Any, arch: str,
-                     model_bytes: int | None = None) -> Any:
+                     model_bytes: int | None = None, warm_start: Any = None) -> Any:
         if rank == 0 and self.faults:
             channel = FaultyBroadcasts(channel, **self.faults)
         session = make_session(config, rank=rank, world_size=world_size, channel=channel, arch=arch,
-                               model_bytes=model_bytes)
+                               model_bytes=model_bytes, warm_start=warm_start)
         if session is None:
             return None
         on_step = session.on_step

@@ -25,9 +25,10 @@ weights are written, the session hears of the step and the sizes it returns appl
 step's first all-reduce on every rank. With no sizes set, the start-up plan
 (:mod:`bytesched.runtime.plan`) is driven at the same boundaries, and its calibration all-reduces
 run where the gradients live (the first weight's context). A plan that stays out of the way
-*passes through*: from that step on every update all-reduces with Horovod's own call
-(``DistributedOptimizer._do_allreduce``: its names, its fusion, no CommTask, proxy or Core), so
-the job runs as plain Horovod does. Staying out through the Core (every gradient whole, started
+*passes through*: from that step on each group of gradients Gluon would have handed Horovod's
+optimizer is all-reduced with Horovod's own call (``DistributedOptimizer._do_allreduce``: its
+names, its fusion, no CommTask, proxy or Core) just before that group's update, so the job runs
+as plain Horovod does. Staying out through the Core (every gradient whole, started
 the moment it is ready) ran the emulated ResNet50 and VGG16 on 2 ranks at 10 Gbit/s at 0.985x-0.989x
 of plain Horovod: the Core's work per tensor, with nothing to schedule.
 """
@@ -48,6 +49,8 @@ from bytesched.core.config import configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.start_observer import Observer
+from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
@@ -153,37 +156,39 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
     def _update(self, index: Any, weight: Any, grad: Any, state: Any, multi_precision: bool) -> None:
         """All-reduce, then the wrapped optimizer's update, called with the groups Gluon's Updater
         would have given it (chunks of its ``aggregate_num``, or one index at a time), so the
-        update arithmetic is plain Horovod's."""
+        update arithmetic is plain Horovod's; passing through, each group is all-reduced by
+        Horovod's own call just before its update, as Horovod's ``update`` does."""
         inner = self._hvd._optimizer
         apply = inner.update_multi_precision if multi_precision else inner.update
         single = not isinstance(index, (list, tuple))
         indices, weights, grads = ([index], [weight], [grad]) if single else (index, weight, grad)
         if self._tuning_wanted:
             self._tuning_wanted = False
+            warm = self._observer(TuningWarmStart, weights, grads) \
+                if wants_warm_start(self._config, hvd.size()) else None
             self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
-                                        arch="allreduce", model_bytes=self._model_bytes(grads))
+                                              arch="allreduce", model_bytes=self._model_bytes(grads), warm_start=warm)
+            self._sizes.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
-            context = weights[0].context
-            self._sizes.planning = StartupPlan(self._core, _HorovodRanks(),
-                                               lambda nbytes: _allreduce_of(nbytes, context), arch="allreduce",
-                                               model_bytes=self._model_bytes(grads), drain=self._wait_written)
+            self._sizes.planning = self._observer(StartupPlan, weights, grads)
         if self._sizes.active:
             self._step_boundary(indices, weights)
+        passing = self._passes_through and self._hvd._process_set.included()
         if not self._passes_through:
             self._allreduce(indices, grads)
-        elif self._hvd._process_set.included():
-            self._hvd._do_allreduce(index, grad)
-        if single:
-            apply(index, weight, grad, state)
-            return
-        if inner.aggregate_num <= 0:
-            for args in zip(index, weight, grad, state):
-                apply(*args)
-            return
-        for start in range(0, len(index), inner.aggregate_num):
-            chunk = slice(start, start + inner.aggregate_num)
-            apply(list(index[chunk]), list(weight[chunk]), list(grad[chunk]), list(state[chunk]))
+        for group in _groups(index, weight, grad, state, inner.aggregate_num):
+            if passing:  # plain Horovod's sequence: each group's all-reduces, then its update
+                self._hvd._do_allreduce(group[0], group[2])
+            apply(*group)
+
+    def _observer(self, kind: type[Observer], weights: Sequence[mx.nd.NDArray],
+                  grads: Sequence[mx.nd.NDArray]) -> Observer:
+        """A start-up plan or tuning warm start observing this optimizer's steps, timing
+        Horovod's all-reduce where the weights live."""
+        context = weights[0].context
+        return kind(self._core, _HorovodRanks(), lambda nbytes: _allreduce_of(nbytes, context), arch="allreduce",
+                    model_bytes=self._model_bytes(grads), drain=self._wait_written)
 
     def _model_bytes(self, grads: Sequence[mx.nd.NDArray]) -> int:
         """The model's gradient bytes, the same on every rank: of the parameters Gluon's Trainer
@@ -267,6 +272,18 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                postscale_factor=opt._postscale_factor, process_set=opt._process_set)
 
         task.post(avatars, -index, communicate)
+
+
+def _groups(index: Any, weight: Any, grad: Any, state: Any, aggregate_num: int) -> list[tuple[Any, Any, Any, Any]]:
+    """The (index, weight, grad, state) groups Gluon's Updater would have handed an optimizer of
+    this ``aggregate_num``: one index, or lists of at most ``aggregate_num`` (one at a time if it
+    is not positive)."""
+    if not isinstance(index, (list, tuple)):
+        return [(index, weight, grad, state)]
+    if aggregate_num <= 0:
+        return list(zip(index, weight, grad, state))
+    return [(list(index[i:i + aggregate_num]), list(weight[i:i + aggregate_num]), list(grad[i:i + aggregate_num]),
+             list(state[i:i + aggregate_num])) for i in range(0, len(index), aggregate_num)]
 
 
 @dataclass(frozen=True)

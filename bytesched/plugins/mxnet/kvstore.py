@@ -112,6 +112,8 @@ from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_
 from bytesched.core.timeline import open_timeline
 from bytesched.runtime.channel_ranks import ChannelRanks
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.start_observer import Observer
+from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
@@ -565,16 +567,23 @@ class ScheduledKVStore(KVStoreBase):
     def _make_switches(self) -> None:
         model_bytes = sum(layout.nbytes for layout in self._table.layouts())
         if self._tuning_wanted:
+            warm = self._observer(TuningWarmStart, model_bytes) \
+                if wants_warm_start(self.config, self.world_size) else None
             self._sizes.tuning = make_session(self.config, rank=self.core_rank, world_size=self.world_size,
-                                              channel=self._channel, arch="ps", model_bytes=model_bytes)
+                                              channel=self._channel, arch="ps", model_bytes=model_bytes,
+                                              warm_start=warm)
+            self._sizes.planning = warm
         if self._plan_wanted:
-            ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]
-                                 self._kv._barrier, self.config.channel_timeout_s)
-            self._sizes.planning = StartupPlan(self._core, ranks, self._timed_pushpull, arch="ps",
-                                               model_bytes=model_bytes, drain=self.wait_idle,
-                                               servers=self._table.num_servers,
-                                               bigarray_bound=self._table.bigarray_bound)
+            self._sizes.planning = self._observer(StartupPlan, model_bytes)
         self._tuning_wanted = self._plan_wanted = False
+
+    def _observer(self, kind: type[Observer], model_bytes: int) -> Observer:
+        """A start-up plan or tuning warm start observing this store's steps, timing a push+pull
+        on keys of its own; rank 0's choice travels over the rank-0 channel."""
+        ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]
+                             self._kv._barrier, self.config.channel_timeout_s)
+        return kind(self._core, ranks, self._timed_pushpull, arch="ps", model_bytes=model_bytes,
+                    drain=self.wait_idle, servers=self._table.num_servers, bigarray_bound=self._table.bigarray_bound)
 
     def _switch_step(self) -> None:
         """Tell the plan or tuning session that :attr:`step` begins; apply the sizes it switches to."""

@@ -28,6 +28,8 @@ from bytesched.core.config import configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.start_observer import Observer
+from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import TuningSession, make_session
@@ -113,8 +115,11 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._fusion_follows_plan = not config.fusion_fixed
         self._samples_per_step = samples_per_step
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
-        self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes),
-                                   planning=self._start_plan(config, backend, model_bytes, slots[0].param.device))
+        device = slots[0].param.device
+        warm = self._observer(TuningWarmStart, backend, model_bytes, device) \
+            if wants_warm_start(config, backend.size) and self._core not in _sized_cores else None
+        self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes, warm),
+                                   planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
         self._closed = False
         self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
@@ -262,17 +267,19 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                        "while bytesched is still all-reducing them; " + ESCAPE_HATCH)
         return False
 
-    def _start_tuning(self, config: Config, backend: Backend, model_bytes: int) -> TuningSession | None:
+    def _start_tuning(self, config: Config, backend: Backend, model_bytes: int,
+                      warm: TuningWarmStart | None) -> TuningSession | None:
         """The tuning session driving this Core's sizes (None when tuning is off), searching a
-        lattice fitted to the ``model_bytes`` of gradients this optimizer reduces. Only the first
-        optimizer on a Core tunes (a GAN's second one shares the Core, so it runs on the sizes
-        the first one picks)."""
+        lattice fitted to the ``model_bytes`` of gradients this optimizer reduces, its first
+        points predicted from ``warm``'s measurements if given. Only the first optimizer on a
+        Core tunes (a GAN's second one shares the Core, so it runs on the sizes the first one
+        picks)."""
         if (config.tuning or config.tuning_load) and self._core in _sized_cores:
             log.info("bytesched tuning: another ScheduledOptimizer of this process already tunes the Core's "
                      "sizes; this one uses them")
             return None
         session = make_session(config, rank=backend.rank, world_size=backend.size, channel=channel_of(self._core),
-                               arch="allreduce", model_bytes=model_bytes)
+                               arch="allreduce", model_bytes=model_bytes, warm_start=warm)
         if session is not None:
             _sized_cores.add(self._core)
         return session
@@ -284,9 +291,14 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         if not wants_plan(config, backend.size) or self._core in _sized_cores:
             return None
         _sized_cores.add(self._core)
-        return StartupPlan(self._core, backend, lambda nbytes: backend.operation(nbytes, device),
-                           arch="allreduce", model_bytes=model_bytes, drain=self._pipeline.wait_applied,
-                           fusion_bytes=_plan_fusion(config, device))
+        return self._observer(StartupPlan, backend, model_bytes, device, fusion_bytes=_plan_fusion(config, device))
+
+    def _observer(self, kind: type[Observer], backend: Backend, model_bytes: int, device: torch.device,
+                  **options: Any) -> Observer:
+        """A start-up plan or tuning warm start observing this optimizer's steps, timing the
+        backend's all-reduce on ``device``."""
+        return kind(self._core, backend, lambda nbytes: backend.operation(nbytes, device), arch="allreduce",
+                    model_bytes=model_bytes, drain=self._pipeline.wait_applied, **options)
 
     def _step_boundary(self) -> None:
         """Step ``self._steps`` is about to begin: switch sizes (and fuse buckets) if the plan or
