@@ -12,8 +12,9 @@ a :class:`StartupPlan` at every step boundary, and the plan runs this course::
                               size and ready time           (:func:`bytesched.sim.plan.make_plan`)
                                                             and broadcasts; every rank applies
 
-(The observing and timing are :class:`~.start_observer.StartObserver`'s; a tuned job gets the
-same measurements as its search's first points instead, :mod:`.warm_start`.) Until the plan is made the job stays out of the way (every gradient sent whole the moment it is
+The observing and timing are :class:`~.start_observer.StartObserver`'s; a tuned job gets the
+same measurements as its search's first points instead (:mod:`.warm_start`). Until the plan is
+made the job stays out of the way (every gradient sent whole the moment it is
 ready, the cheapest path through bytesched), so planning never makes a step slower than the
 baseline by more than two drains. The operation timed is the backend's per-tensor one: an
 all-reduce, or a parameter server's push+pull. Rank 0's choice travels in the backend's own

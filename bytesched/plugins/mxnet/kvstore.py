@@ -74,11 +74,11 @@ avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel 
 Core would start them: on views they went one after another, and the emulated VGG16 on 2
 workers at 1 Gbit/s ran at 0.83x the plain store; fenced, 1.33x, as fast as the Core starting
 every key on readiness (docs/benchmarks.md). The layout is the one the plan simulated as staying
-out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per key over the
-plain store, where the Core's path added 158 us (the overhead benchmark, docs/benchmarks.md).
-:meth:`set_params` ends it. The outcome is
-:attr:`ScheduledKVStore.plan`. The Core runs in ``rank0`` mode (and opens the channel) from the
-start, as under tuning, since a sized plan sets a credit.
+out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per
+key over the plain store, where the Core's path added 158 us (the overhead benchmark,
+docs/benchmarks.md). :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
+The Core runs in ``rank0`` mode (and opens the channel) from the start, as under tuning, since a
+sized plan sets a credit.
 
 Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``). Every worker drives a
 :class:`~bytesched.tuning.TuningSession` over the rank-0 channel: at each step boundary (see

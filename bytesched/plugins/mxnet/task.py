@@ -21,6 +21,7 @@ tensor be started, sent and finished independently.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import mxnet as mx
@@ -72,7 +73,11 @@ class Avatars(Views):
     def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
         self._library = library
         super().__init__(arrays, ranges)
-        self.chain = Chain(arrays, self.parts)
+
+    @functools.cached_property
+    def chain(self) -> Chain:
+        """The proxy chain's handle arrays, built at the first post (fenced avatars never need them)."""
+        return Chain(self.arrays, self.parts)
 
     def _parts(self, flats: Arrays) -> list[Arrays]:
         return [[self._library.make_avatar(view) for view in part] for part in super()._parts(flats)]
