@@ -31,13 +31,14 @@ import os
 import re
 import resource
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from bytesched.launch.ports import free_port
 
 from .horovod_jobs import end_job, horovodrun_argv
 from .provenance import revision
@@ -278,9 +279,7 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
 def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
     """``python -m module worker_args`` on ``ranks`` local ranks under the torchrun next to this
     interpreter, on a free port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     torchrun = Path(sys.executable).parent / "torchrun"
     return [str(torchrun), "--nproc-per-node", str(ranks), "--master-port", str(port), "-m", module, *worker_args]
 

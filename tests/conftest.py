@@ -177,13 +177,10 @@ def one_rank_group() -> Iterator[object]:
     """A real one-rank torch.distributed group (gloo), so ScheduledOptimizer has a backend in this
     process. Module-scoped: a module's tests that need torch.distributed *not* initialised must
     run before the first test using it."""
-    import socket
-
     import torch.distributed as dist
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+    from bytesched.launch.ports import free_port
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()
 

@@ -26,7 +26,7 @@ from bytesched.core.channel import (MAX_ORDER_KEYS, ChannelError, ChannelFollowe
                                     encode_typed, open_channel)
 from bytesched.core.channel.protocol import (decode_hello, decode_lost, decode_welcome, encode_hello, encode_lost,
                                              encode_welcome)
-from bytesched.launch.ps import free_port
+from bytesched.launch.ports import free_port
 
 from coretools import BufferTask
 

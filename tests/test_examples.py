@@ -10,23 +10,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bytesched.launch.ports import free_port
 from conftest import REPO_ROOT, require, require_executable, run_job
 
 EXAMPLES = REPO_ROOT / "examples"
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(420)]  # generous: the machine may be shared
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accuracies(output: str) -> list[float]:

@@ -14,7 +14,7 @@ import pytest
 
 from bytesched.core import Config, Core, SchedulingParams, SubTask
 from bytesched.core.channel import ChannelError
-from bytesched.launch.ps import free_port
+from bytesched.launch.ports import free_port
 from bytesched.runtime.calibration import NetworkCost
 from bytesched.runtime.channel_ranks import ChannelRanks
 from bytesched.runtime.plan import StartupPlan

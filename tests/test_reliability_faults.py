@@ -14,7 +14,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import time
 import psutil
 import pytest
 
+from bytesched.launch.ports import free_port
 from conftest import SCRIPTS, job_processes, require, require_executable, run_job, started
 
 FAULT_TIMEOUT_S = 3
@@ -30,12 +30,6 @@ TRAIN = [sys.executable, str(SCRIPTS / "reliability_train.py"), "--steps", "12",
 INTERRUPT_BOUND_S = 20.0
 START_BOUND_S = 120.0  # launch to the injected fault, on a heavily loaded 2-core machine
 AFTER_FAULT_BOUND_S = FAULT_TIMEOUT_S + GRACE_S + 20.0  # detection + exit grace + slack for load
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def fault_env(**extra: str) -> dict[str, str]:

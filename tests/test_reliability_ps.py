@@ -24,7 +24,7 @@ def test_killed_server_ends_every_process_naming_the_server() -> None:
     argv = [require_executable("bytesched"), "launch", "--servers", "1", "--workers", "2", "--kill-grace", "2",
             "--", sys.executable, SCRIPTS / "reliability_ps_worker.py", "--kill-server-at", "3"]
     with started(argv) as job:
-        output, took = output_after(job, "FAULT killed server", AFTER_FAULT_BOUND_S)
+        output, took = output_after(job, "FAULT killing server", AFTER_FAULT_BOUND_S)
     assert job.returncode == 128 + 9, output[-4000:]
     assert ("[launch] server 0 was killed by SIGKILL; stopping the job: ps-lite cannot replace a lost server"
             in output), output[-4000:]

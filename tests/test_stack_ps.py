@@ -8,13 +8,14 @@ from __future__ import annotations
 import io
 import re
 import signal
+import socket
 import sys
 import time
 
 import psutil
 import pytest
 
-from bytesched.launch import EXIT_TIMEOUT, LaunchError, build_parser, launch_ps, run
+from bytesched.launch import EXIT_TIMEOUT, LaunchError, build_parser, launch_ps, ports, run
 from conftest import SCRIPTS, require, run_job, started
 
 SLEEPER = SCRIPTS / "ps_sleeper_worker.py"
@@ -159,3 +160,19 @@ def test_cli_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "number of workers must be an integer >= 1" in capsys.readouterr().err
     assert run(build_parser().parse_args(["--workers", "1"])) == 2
     assert "no worker command" in capsys.readouterr().err
+
+
+def test_free_port_draws_from_below_the_kernels_ephemeral_range() -> None:
+    """The ports the kernel hands to bind(0) and outgoing connections cannot take the one chosen."""
+    low = ports._ephemeral_low()
+    for _ in range(20):
+        port = ports.free_port()
+        assert ports._EXPLICIT_PORT_FLOOR <= port < low
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_falls_back_to_the_kernel_when_no_range_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "_ephemeral_low", lambda: ports._EXPLICIT_PORT_FLOOR + 10)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.free_port()))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,11 @@ import pytest
 from bytesched.analysis.trace import read_trace
 from bytesched.cli import main
 
+from bytesched.launch.ports import free_port
 from conftest import SCRIPTS, require_executable, run_job
 
 STEPS, DELAY_STEP, DELAY_S = 8, 4, 0.4
 TENSORS = 6  # three Linear layers: weight and bias each
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

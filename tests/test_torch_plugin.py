@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from bytesched.core.config import POLICIES
+from bytesched.launch.ports import free_port
 from conftest import SCRIPTS, require, require_executable, run_job
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
@@ -65,12 +65,6 @@ class Launch:
             tail = self.output[-3000:]
             pytest.fail("\n".join(problems) + f"\n--- exit code {self.returncode}, output tail:\n{tail}",
                         pytrace=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def job_env() -> dict[str, str]:

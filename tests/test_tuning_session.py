@@ -23,7 +23,7 @@ import zmq
 
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.channel import FrameCodec, MessageType, encode_typed, open_channel
-from bytesched.launch.ps import free_port
+from bytesched.launch.ports import free_port
 from bytesched.tuning import TuningProtocolError, make_session
 from bytesched.tuning.log import load_best
 from bytesched.tuning.protocol import SWITCH, Switch

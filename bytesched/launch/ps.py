@@ -27,7 +27,6 @@ import contextlib
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator, Mapping, Sequence, TextIO
+
+from bytesched.launch.ports import free_port
 
 __all__ = [
     "EXIT_TIMEOUT",
@@ -131,18 +132,6 @@ class _Job:
 
 
 # --------------------------------------------------------------------------- arguments and env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now.
-
-    ps-lite's scheduler needs a fixed port that every other process is told in advance; asking
-    the kernel for one avoids clashes between jobs (the small race until the scheduler binds it
-    is accepted).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def ps_env(

@@ -2,7 +2,8 @@
 
 Run under ``bytesched launch``. Prints ``PROGRESS rank=<r> step=<s>`` after each step; at step
 ``--kill-server-at`` worker 0 SIGKILLs server 0 of its own job (found by its ps-lite environment:
-``DMLC_ROLE=server`` and this job's ``DMLC_PS_ROOT_PORT``) and prints ``FAULT killed server pid=<p>``.
+``DMLC_ROLE=server`` and this job's ``DMLC_PS_ROOT_PORT``), printing ``FAULT killing server pid=<p>``
+first: the launcher may stop this worker as soon as the server is gone, before a later line is out.
 Training then goes on: the next push waits for a server that is gone.
 """
 
@@ -51,8 +52,8 @@ def main() -> None:
     for step in range(args.steps):
         if step == args.kill_server_at and rank == 0:
             server = job_server()
+            print(f"FAULT killing server pid={server.pid}", flush=True)
             server.send_signal(signal.SIGKILL)
-            print(f"FAULT killed server pid={server.pid}", flush=True)
         with autograd.record():
             loss = loss_fn(net(mx.nd.array(rng.rand(16, 32))), mx.nd.array(rng.randint(0, 10, size=16)))
         loss.backward()

@@ -25,7 +25,6 @@ import dataclasses
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from bytesched.core import SchedulingParams, from_env, shutdown
+from bytesched.launch.ports import free_port
 
 from .optimizer import ScheduledOptimizer
 
@@ -74,9 +74,7 @@ def run_check(options: CheckOptions) -> dict[str, Any]:
     if unknown:
         raise CheckError(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(_MODELS)}")
     options = dataclasses.replace(options, device=device, models=tuple(models))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="bytesched-check-") as tmp:
         out = os.path.join(tmp, "report.json")
         context = mp.start_processes(_rank_main, args=(port, options, out), nprocs=WORLD_SIZE, join=False,
