@@ -10,10 +10,10 @@ alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet
 (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor; the KVStore never fuses) and
 ``fused`` (bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB, which the
 plan keeps on the CPU; not for mxnet-ps). bytesched runs
-with no other settings, so the start-up plan picks its sizes, as for a user who sets none. On the
-MXNet stacks a plan that stays out passes every operation to the framework's own call, so those
-modes measure that path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor, MXNet only) measures
-the path through the Core that a plan with sizes, or tuning, takes. Reported per
+with no other settings, so the start-up plan picks its sizes, as for a user who sets none. A plan
+that stays out passes every gradient to the framework's own path, so those modes measure that
+path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through the Core that
+a plan with sizes, or tuning, takes. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
 (every thread's, voluntary and not: each time a thread blocks, on the GIL, a lock, a queue or the
@@ -49,10 +49,7 @@ MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_B
 """Each mode and the environment its job runs with, over the caller's."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
-PASSES_THROUGH = ("mxnet", "mxnet-ps")
-"""Stacks whose plugin hands everything to the framework where the plan stays out: a ``core``
-mode too (the others go through the Core in ``unfused`` already)."""
-RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+)")
+RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+) passing=([01])")
 JOB_TIMEOUT_S = 300.0
 
 
@@ -62,6 +59,8 @@ class JobResult(NamedTuple):
     ms_per_step: float
     switches_per_step: float
     threads: int
+    passes_through: bool = False
+    """bytesched's plan stayed out and the gradients took the framework's own path."""
 
 
 # -- the worker (one rank) --------------------------------------------------------------------
@@ -72,6 +71,7 @@ class Window:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.switches = 0
+        self.passing = False  # a scheduled job's plugin passed through (its plan stayed out)
 
     def start(self) -> None:
         self._began, self._switched = time.perf_counter(), _context_switches()
@@ -109,7 +109,9 @@ def _mxnet_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
     if scheduled:
         from bytesched.plugins.mxnet import ScheduledOptimizer
         optimizer = ScheduledOptimizer(optimizer)
-    return _gluon_timed_steps(net, gluon.Trainer(params, optimizer, kvstore=None), width, steps, warmup)
+    window = _gluon_timed_steps(net, gluon.Trainer(params, optimizer, kvstore=None), width, steps, warmup)
+    window.passing = scheduled and optimizer.passes_through
+    return window
 
 
 def _ps_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int) -> Window:
@@ -124,7 +126,9 @@ def _ps_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: int)
         store = ScheduledKVStore(store)
     net = _gluon_model(layers, width)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-3}, kvstore=store)
-    return _gluon_timed_steps(net, trainer, width, steps, warmup, getattr(store, "wait_idle", None))
+    window = _gluon_timed_steps(net, trainer, width, steps, warmup, getattr(store, "wait_idle", None))
+    window.passing = scheduled and store.passes_through
+    return window
 
 
 def _gluon_model(layers: int, width: int) -> Any:
@@ -177,7 +181,9 @@ def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
     if scheduled:
         from bytesched.plugins.torch import ScheduledOptimizer
         optimizer = ScheduledOptimizer(model, optimizer)
-    return _timed_steps(model, optimizer, torch.ones(8, width), steps, warmup, scheduled)
+    window = _timed_steps(model, optimizer, torch.ones(8, width), steps, warmup, scheduled)
+    window.passing = scheduled and optimizer.passes_through
+    return window
 
 
 def _timed_steps(net: Any, optimizer: Any, x: Any, steps: int, warmup: int, scheduled: bool,
@@ -220,6 +226,7 @@ def _distributed_steps(scheduled: bool, layers: int, width: int, steps: int, war
         net, optimizer = nn.parallel.DistributedDataParallel(model), sgd
     window = _timed_steps(net, optimizer, torch.ones(8, width), steps, warmup, scheduled, dist.barrier)
     if scheduled:
+        window.passing = optimizer.passes_through
         optimizer.close()
     # Leave together: a rank whose Gloo peer has already torn down its connections can abort
     # (SIGABRT) in Gloo's own threads at exit.
@@ -241,7 +248,8 @@ def _worker_main() -> int:
     rank = os.environ.get("HOROVOD_RANK", os.environ.get("RANK", os.environ.get("BYTESCHED_RANK", "0")))
     if rank == "0":
         print(f"OVERHEAD ms_per_step={window.seconds / args.steps * 1e3:.3f} "
-              f"switches_per_step={window.switches / args.steps:.1f} threads={_threads()}", flush=True)
+              f"switches_per_step={window.switches / args.steps:.1f} threads={_threads()} "
+              f"passing={int(window.passing)}", flush=True)
     return 0
 
 
@@ -273,7 +281,7 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
         tail = "\n".join(output.splitlines()[-30:])
         raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
-    return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)))
+    return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)), found.group(4) == "1")
 
 
 def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
@@ -286,13 +294,13 @@ def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]
 
 def modes_of(framework: str) -> tuple[str, ...]:
     """The modes run for ``framework``."""
-    return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY)
-                 and not (mode == "core" and framework not in PASSES_THROUGH))
+    return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY))
 
 
 def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict[str, Any]:
     """Per framework and mode: median, min and max ms per step, the median's excess over
-    ``plain`` per tensor (microseconds), the median context switches per tensor and the threads."""
+    ``plain`` per tensor (microseconds), the median context switches per tensor, the threads and
+    how many of the jobs passed through."""
     result: dict[str, Any] = {}
     for framework, modes in runs.items():
         plain = statistics.median(run.ms_per_step for run in modes["plain"])
@@ -304,7 +312,8 @@ def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict
                 "max": round(max(times), 2),
                 "us_per_tensor_over_plain": round((statistics.median(times) - plain) / tensors * 1e3, 1),
                 "switches_per_tensor": round(statistics.median(job.switches_per_step for job in jobs) / tensors, 2),
-                "threads": max(job.threads for job in jobs)}
+                "threads": max(job.threads for job in jobs),
+                "passed_through": sum(job.passes_through for job in jobs)}
     return result
 
 
@@ -324,7 +333,8 @@ def main(args: argparse.Namespace) -> int:
                 job = run_job(framework, mode, args)
                 runs[framework][mode].append(job)
                 echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {job.ms_per_step:8.2f} ms/step, "
-                     f"{job.switches_per_step:7.1f} context switches/step, {job.threads} threads")
+                     f"{job.switches_per_step:7.1f} context switches/step, {job.threads} threads"
+                     + (", passing through" if job.passes_through else ""))
     tensors = 2 * args.layers
     command = ["python", "-m", "benchmarks", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
         if "overhead" in sys.argv else sys.argv
@@ -337,12 +347,13 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"\n{tensors} tensors, 2 ranks over loopback; median of {args.rounds} rounds [min-max]")
-    print("| framework | mode | ms per step | over plain, per tensor | context switches per tensor | threads |\n"
-          "|---|---|---|---|---|---|")
+    print("| framework | mode | ms per step | over plain, per tensor | context switches per tensor | threads "
+          "| jobs passing through |\n|---|---|---|---|---|---|---|")
     for framework, modes in result["results"].items():
         for mode, row in modes.items():
             print(f"| {framework} | {mode} | {row['ms_per_step']} [{row['min']}-{row['max']}] | "
-                  f"{row['us_per_tensor_over_plain']} us | {row['switches_per_tensor']} | {row['threads']} |")
+                  f"{row['us_per_tensor_over_plain']} us | {row['switches_per_tensor']} | {row['threads']} | "
+                  f"{row['passed_through']} of {args.rounds} |")
     return 0
 
 

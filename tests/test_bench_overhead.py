@@ -29,8 +29,8 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
 @pytest.mark.parametrize("framework", ["mxnet", "torch-distributed", "mxnet-ps"])
 def test_every_mode_runs_on_two_ranks(framework: str) -> None:
     """MXNet over Horovod (horovodrun), PyTorch over torch.distributed against DDP (torchrun), and
-    the MXNet parameter server (bytesched launch; no fused mode: the KVStore does not fuse). The
-    MXNet stacks, which pass through where the plan stays out, also run through the Core."""
+    the MXNet parameter server (bytesched launch; no fused mode: the KVStore does not fuse). Every
+    stack, which passes through where the plan stays out, also runs through the Core."""
     if framework == "mxnet":
         require("horovod.mxnet", "Horovod built with MXNet")
     if framework == "mxnet-ps":
@@ -42,7 +42,7 @@ def test_every_mode_runs_on_two_ranks(framework: str) -> None:
     assert report["tensors"] == 6 and report["command"].startswith("python -m benchmarks overhead")
     assert set(report["runs"][framework]) == {"mxnet-ps": {"plain", "unfused", "core"},
                                               "mxnet": {"plain", "unfused", "fused", "core"},
-                                              "torch-distributed": {"plain", "unfused", "fused"}}[framework]
+                                              "torch-distributed": {"plain", "unfused", "fused", "core"}}[framework]
     for jobs in report["runs"][framework].values():
         [job] = jobs
         assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job

@@ -273,25 +273,6 @@ def test_the_simulator_keeps_out_of_the_way_where_messages_cost_more_than_they_s
         run(profile, slow, "fifo", STAY_OUT).iteration_time
 
 
-def test_no_optimizer_joins_a_core_while_it_is_in_its_agreed_sequence() -> None:
-    """A sequence covers the tasks of the optimizer that agreed it: another optimizer asking for
-    the same Core meanwhile is refused with the way out, instead of issuing collectives outside
-    the sequence; once the Core left the sequence (that optimizer closed), it is served."""
-    from bytesched.core import init, shutdown
-    from bytesched.runtime import start_core
-
-    config = Config(fault_timeout_s=0.0)
-    core = init(config, rank=0, order="immediate")
-    try:
-        core.start_in_sequence(["fc", "conv"])
-        with pytest.raises(RuntimeError, match="create every ScheduledOptimizer before the first step"):
-            start_core(config, BroadcastingRanks(0))
-        core.restore_order()
-        assert core.start_order == "immediate" and start_core(config, BroadcastingRanks(0)) is core
-    finally:
-        shutdown()
-
-
 @pytest.mark.parametrize("arch, order, margin", [("allreduce", "immediate", 0.01), ("allreduce", "rank0", 0.2),
                                                  ("ps", "rank0", 0.05)])
 def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(

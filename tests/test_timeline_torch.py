@@ -24,9 +24,10 @@ TENSORS = 6  # three Linear layers: weight and bias each
 @pytest.fixture(scope="module")
 def job_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("torch_timeline")
-    # Fusion off: one task per tensor, so that each gradient's arrival is on the timeline.
+    # Fusion off: one task per tensor, so that each gradient's arrival is on the timeline; no plan,
+    # whose staying out would pass the gradients to torch.distributed, off the Core and its trace.
     env = dict(os.environ, BYTESCHED_TIMELINE=str(out / "tl.json"), BYTESCHED_CHANNEL_PORT=str(free_port()),
-               BYTESCHED_FUSION_BYTES="1")
+               BYTESCHED_FUSION_BYTES="1", BYTESCHED_PLAN="0")
     env.pop("BYTESCHED_ORDER", None)
     torchrun = require_executable("torchrun")
     result = run_job([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),

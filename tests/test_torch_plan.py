@@ -40,8 +40,9 @@ class PlanLaunch(Launch):
         first = reports[0]
         for rank, report in reports.items():
             assert (report["set_params"], report["step"], report["params"], report["order"], report["fusion"],
-                    report["buckets"]) == (first["set_params"], first["step"], first["params"], first["order"],
-                                           first["fusion"], first["buckets"]), \
+                    report["buckets"], report["passes_through"]) == \
+                (first["set_params"], first["step"], first["params"], first["order"], first["fusion"],
+                 first["buckets"], first["passes_through"]), \
                 f"{case}: rank {rank} applied {report['set_params']} (plan {report['params']} at step " \
                 f"{report['step']}, order {report['order']}), rank 0 {first['set_params']} (plan {first['params']} " \
                 f"at step {first['step']}, order {first['order']})"
@@ -72,7 +73,7 @@ def horovod_job() -> PlanLaunch:
 @pytest.fixture(scope="module")
 def dist_job() -> PlanLaunch:
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse", timeout=240)
+    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late", timeout=240)
 
 
 @pytest.fixture(params=["horovod", "dist"])
@@ -84,12 +85,13 @@ def job(request: pytest.FixtureRequest) -> PlanLaunch:
 @pytest.mark.timeout(300)
 def test_plan_runs_by_default_and_every_rank_applies_rank0s_choice_at_step_2(job: PlanLaunch) -> None:
     """No sizes set: both ranks stay out of the way from step 0, apply the same planned sizes at
-    step 2, and train the same bits as the unscheduled baseline; rank 0 logs what it measured."""
+    step 2 (passing through if those stay out), and train the same bits as the unscheduled
+    baseline; rank 0 logs what it measured."""
     agreed = job.agreed("plan")
     assert agreed["step"] == PLANNED_STEP
     assert agreed["set_params"] == [STAY_OUT, agreed["params"]]
-    stays_out = agreed["params"] == STAY_OUT
-    assert agreed["order"] == ("sequence" if stays_out and job.backend == "dist" else job.backend_order)
+    assert agreed["passes_through"] == (agreed["params"] == STAY_OUT)
+    assert agreed["order"] == job.backend_order
     assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)  # on the CPU the plan never fuses
     rank0 = job.reports("plan")[0]["summary"]
     assert re.search(r"measured 3 gradients \(8\.\d MB, compute \d+ ms\) and the all-reduce .*; chose .*, "
@@ -105,7 +107,7 @@ def test_followers_apply_sizes_only_rank0_computed(job: PlanLaunch) -> None:
     agreed = job.agreed("forced")
     assert agreed["set_params"] == [STAY_OUT, ["1MB", "2MB"]]
     assert agreed["step"] == PLANNED_STEP
-    assert agreed["order"] == job.backend_order  # sized: rank 0 still decides the order
+    assert agreed["order"] == job.backend_order and not agreed["passes_through"]  # sized: through the Core
     assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)  # sized: the tasks stay as they are
 
 
@@ -114,9 +116,9 @@ def test_followers_apply_sizes_only_rank0_computed(job: PlanLaunch) -> None:
 def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job: PlanLaunch) -> None:
     agreed = job.agreed("failed")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT]
-    # Staying out over torch.distributed: every rank follows the buckets' backward order, as DDP
-    # does, instead of rank 0's announcements (Horovod orders collectives itself anyway).
-    assert agreed["order"] == ("sequence" if job.backend == "dist" else "immediate")
+    # Staying out: the library's own path from step 2 (over torch.distributed the buckets in
+    # backward's order on every rank, as DDP does, with no announcement from rank 0).
+    assert agreed["passes_through"]
     assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)
     assert "timing the backend's all-reduce failed: the all-reduce failed (injected by the test)" in \
         job.reports("failed")[0]["summary"]
@@ -127,12 +129,11 @@ def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job:
 @pytest.mark.timeout(300)
 def test_a_plan_that_stays_out_on_a_gpu_fuses_every_ranks_buckets_alike(job: PlanLaunch) -> None:
     """The optimizer offers its fusion bound (as on a GPU) and the plan stays out: from step 2
-    every rank runs DeepMLP's 16 buckets as 4 tasks of up to a quarter of the model, with the
-    baseline's bits (over torch.distributed in the merged buckets' agreed sequence)."""
+    every rank merges DeepMLP's 16 buckets into 4 of up to a quarter of the model, with the
+    baseline's bits (over torch.distributed, the 4 buckets are what passing through all-reduces)."""
     agreed = job.agreed("fused")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
-    assert (agreed["fusion"], agreed["buckets"]) == (DEEP_FUSION, 4)
-    assert agreed["order"] == ("sequence" if job.backend == "dist" else "immediate")
+    assert (agreed["fusion"], agreed["buckets"]) == (DEEP_FUSION, 4) and agreed["passes_through"]
     assert job.reports("fused")[0]["summary"].endswith("; gradients fused up to 2.36544MB per task")
     assert job.reports("fused")[1]["summary"] == ("rank 0's plan: no partitioning, no credit limit, "
                                                   "gradients fused up to 2.36544MB per task")
@@ -156,9 +157,17 @@ def test_explicit_sizes_win_over_the_plan(horovod_job: PlanLaunch) -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_an_optimizer_created_after_another_closed_trains_on_the_same_core(dist_job: PlanLaunch) -> None:
-    """The first optimizer stays out of the way and switches the Core to its buckets' sequence;
-    once it is closed, a second one (a fresh model) trains on the same Core in rank-0 order, and
-    both end with the baseline's bits."""
+    """The first optimizer stays out of the way and passes through; once it is closed, a second
+    one (a fresh model) trains on the same Core in rank-0 order, and both end with the baseline's
+    bits."""
     dist_job.check(["reuse/first/same_as_unscheduled", "reuse/same_as_unscheduled"])
-    assert [dist_job.reports("reuse/first")[0]["order"], dist_job.reports("reuse")[0]["order"]] == \
-        ["sequence", "rank0"]
+    assert [dist_job.reports("reuse/first")[0]["passes_through"], dist_job.reports("reuse")[0]["order"]] == \
+        [True, "rank0"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_no_optimizer_joins_a_core_whose_optimizer_passes_through_on_torch_distributed(dist_job: PlanLaunch) -> None:
+    """Its collectives would interleave with the passing optimizer's in a different order on each
+    rank: refused on every rank, naming the way out."""
+    dist_job.check(["late/same_as_unscheduled", "late/refused"])

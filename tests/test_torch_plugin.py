@@ -112,6 +112,10 @@ HABITS = ["loop/lr_scheduler", "loop/model.zero_grad", "loop/synchronize_clip", 
 CHECKPOINT = [f"checkpoint/{opt}/{what}" for opt in ("sgd", "adam")
               for what in ("same_as_unscheduled", "resume_from_scheduled", "resume_from_unscheduled")]
 DEADLOCK = [f"no_deadlock/seed={seed}" for seed in range(50)]
+PASSING = ["pass/sgd", "pass/adam", "pass/lr_scheduler", "pass/model.zero_grad", "pass/synchronize_clip",
+           "pass/synchronize_amp_clip", "pass/backward_passes_per_step=2", "pass/barrier",
+           "pass/barrier_clip_without_synchronize", "pass/barrier_amp_without_synchronize",
+           "pass/barrier_backward_passes_per_step=2"]
 
 
 # ------------------------------------------------------------------------------------- Horovod
@@ -155,6 +159,14 @@ def test_horovod_unsupported_cases_name_the_escape_hatch(hvd2: Launch) -> None:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(480)
+def test_horovod_passes_through_once_the_plan_stays_out(hvd2: Launch) -> None:
+    """A plan that stays out hands the gradients to hvd.DistributedOptimizer's own hooks from its
+    step on: the same bits as plain Horovod under every loop habit, and LBFGS in barrier mode."""
+    hvd2.check([*PASSING, "pass/lbfgs_in_barrier_mode"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(480)
 def test_horovod_no_deadlock_with_randomly_delayed_backward(hvd2: Launch) -> None:
     hvd2.check(DEADLOCK)
     assert hvd2.returncode == 0, hvd2.output[-3000:]
@@ -182,6 +194,15 @@ def test_distributed_bit_identical_for_every_optimizer_and_policy(dist2: Launch)
 @pytest.mark.timeout(480)
 def test_distributed_tied_habits_checkpoint_and_eval(dist2: Launch) -> None:
     dist2.check([*TIED, "dist/backward_passes_per_step=2", *HABITS, *CHECKPOINT, "eval/after_step"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(480)
+def test_distributed_passes_through_once_the_plan_stays_out(dist2: Launch) -> None:
+    """A plan that stays out all-reduces the buckets from backward's hooks in one order on every
+    rank from its step on: the same bits as the hand-written all-reduce under every loop habit; a
+    gradient clipped while in flight is named."""
+    dist2.check([*PASSING, "pass/clip_without_synchronize"])
 
 
 @pytest.mark.multiproc

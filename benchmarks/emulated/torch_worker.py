@@ -111,8 +111,8 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
         if config.scheduled:
             optimizer.synchronize()
         plan = getattr(optimizer, "plan", None)
-        order = " (tasks in the buckets' agreed order)" if config.scheduled and optimizer.core.start_order == "sequence" else ""
-        return clock.stop(), None if plan is None else plan.summary + order
+        passing = " (passing through)" if config.scheduled and optimizer.passes_through else ""
+        return clock.stop(), None if plan is None else plan.summary + passing
     finally:
         if config.scheduled:
             optimizer.close()

@@ -5,18 +5,37 @@ Followers obey rank 0's order over the rank-0 channel (c10d matches collectives 
 Two ranks, so sums are exact and results must be bit-identical: every optimizer x every policy
 with partitions that split tensors (and every policy with its default partition for SGD); tied
 weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
-eval; then 50 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per check (see torch_harness.Reporter).
+the same loop habits once a start-up plan stays out and the buckets are all-reduced from backward's
+hooks (and clipping without synchronize() then still fails with the way out); eval; then 50 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per check (see torch_harness.Reporter).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from bytesched.core.config import POLICIES
+from bytesched.plugins.torch import BarrierCrossingError
 from torch_deadlock import no_deadlock
 from torch_harness import SPLIT, Reporter
-from torch_suites import (DistributedFlavor, checkpoint, evaluation, loop_habits, matrix, run_baseline,
-                          run_scheduled, tied_weights)
+from torch_suites import (DistributedFlavor, checkpoint, evaluation, loop_habits, matrix, passing_through,
+                          run_baseline, run_scheduled, tied_weights)
+
+
+def clip_while_passing(report: Reporter, flavor: DistributedFlavor) -> None:
+    """Passing through, a gradient clipped while its all-reduce is in flight is named, as on the
+    Core's path, instead of being averaged half-clipped."""
+    def clip(model: torch.nn.Module, optimizer: Any) -> None:
+        if optimizer.passes_through:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    try:
+        run_scheduled(flavor, "cnn", "sgd", SPLIT, passing=True, between=clip)
+    except BarrierCrossingError as error:
+        report.result("pass/clip_without_synchronize", "modified in place" in str(error) and "synchronize()" in str(error),
+                      f"message={str(error)[:160]!r}")
+    else:
+        report.result("pass/clip_without_synchronize", False, "no BarrierCrossingError raised")
 
 
 def main() -> None:
@@ -30,6 +49,8 @@ def main() -> None:
         name, run_baseline(flavor, "cnn", "sgd", passes=2),
         run_scheduled(flavor, "cnn", "sgd", SPLIT, options=dict(backward_passes_per_step=2), passes=2)))
     loop_habits(report, flavor)
+    passing_through(report, flavor)
+    report.run("pass/clip_without_synchronize", lambda: clip_while_passing(report, flavor))
     checkpoint(report, flavor)
     report.run("eval/after_step", lambda: evaluation(report, flavor))
     no_deadlock(report, flavor, 50)

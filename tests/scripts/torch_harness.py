@@ -155,10 +155,11 @@ OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
 }
 
 
-def config(params: SchedulingParams = SchedulingParams(), policy: str = "bytescheduler") -> Config:
-    """The environment's configuration (channel port, job token) with these scheduling settings."""
+def config(params: SchedulingParams = SchedulingParams(), policy: str = "bytescheduler", plan: bool = False) -> Config:
+    """The environment's configuration (channel port, job token) with these scheduling settings;
+    ``plan``: the start-up plan runs (it then sets the sizes)."""
     fused = {"fusion_bytes": SPLIT_FUSION_BYTES} if params == SPLIT else {}
-    return dataclasses.replace(core.from_env(), params=params, policy=policy, plan=False, **fused)
+    return dataclasses.replace(core.from_env(), params=params, policy=policy, plan=plan, **fused)
 
 
 def new_model(name: str) -> nn.Module:

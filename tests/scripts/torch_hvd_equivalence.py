@@ -4,7 +4,8 @@
 optimizer x every policy with partitions that split tensors (and every policy with its default
 partition for SGD) on a small CNN; tied weights; Horovod's settings (backward_passes_per_step, fp16
 compression, gradient pre-divide, Sum); training-loop habits and barrier mode; checkpoint round
-trip; eval; the unsupported cases and their error; LBFGS in barrier mode; then ``--deadlock-runs``
+trip; eval; the unsupported cases and their error; LBFGS in barrier mode; the same loop habits and
+LBFGS once a start-up plan stays out and Horovod's own path runs; then ``--deadlock-runs``
 seeded runs with randomly delayed backward passes (torch_deadlock).
 ``--suite ranks3`` (3 ranks): the optimizers (on SmoothCNN, see torch_harness) and tied weights,
 within ``--tolerance``.
@@ -14,6 +15,7 @@ Prints one ``CASE`` line per check (see torch_harness.Reporter).
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 import horovod.torch as hvd
@@ -25,8 +27,8 @@ from bytesched.core.config import POLICIES
 from bytesched.plugins.torch import BarrierCrossingError, ScheduledOptimizer
 from torch_deadlock import no_deadlock
 from torch_harness import OPTIMIZERS, SPLIT, Reporter, config, new_model, snapshot, train
-from torch_suites import (HorovodFlavor, checkpoint, evaluation, loop_habits, matrix, run_baseline,
-                          run_scheduled, tied_weights)
+from torch_suites import (HorovodFlavor, checkpoint, evaluation, loop_habits, matrix, passing_through,
+                          plan_staying_out, run_baseline, run_scheduled, tied_weights)
 
 
 def horovod_settings(report: Reporter, flavor: HorovodFlavor) -> None:
@@ -96,12 +98,13 @@ def unsupported(report: Reporter) -> None:
     expect_error(report, "unsupported/clip_between_backward_and_step", crossing(between=clip_between),
                  "synchronize()", hatch)
     expect_error(report, "unsupported/amp_between_backward_and_step", crossing(amp=True), "synchronize()", hatch)
-    report.run("unsupported/lbfgs_in_barrier_mode", lambda: lbfgs_barrier(report))
+    report.run("unsupported/lbfgs_in_barrier_mode", lambda: lbfgs_barrier(report, "unsupported/lbfgs_in_barrier_mode"))
 
 
-def lbfgs_barrier(report: Reporter) -> None:
+def lbfgs_barrier(report: Reporter, name: str, passing: bool = False) -> None:
     """Barrier mode runs LBFGS's closure and reduces each evaluation's gradients: every rank ends
-    where LBFGS on the mean loss of all ranks' batches ends in one process."""
+    where LBFGS on the mean loss of all ranks' batches ends in one process (``passing``: from the
+    step at which the start-up plan stays out, on Horovod's own path)."""
     size = hvd.size()
     batches = [(torch.randn(8, 12, generator=torch.Generator().manual_seed(r)),
                 torch.randn(8, 12, generator=torch.Generator().manual_seed(100 + r))) for r in range(size)]
@@ -112,7 +115,7 @@ def lbfgs_barrier(report: Reporter) -> None:
             loss = sum(F.mse_loss(model(x), y) for x, y in data) / len(data)
             loss.backward()
             return loss
-        for _ in range(3):
+        for _ in range(4):
             optimizer.step(closure)
         return snapshot(model)
 
@@ -121,10 +124,14 @@ def lbfgs_barrier(report: Reporter) -> None:
     model = new_model("tied")
     lbfgs = hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters(), max_iter=5),
                                      named_parameters=model.named_parameters())
-    optimizer = ScheduledOptimizer(model, lbfgs, cross_barrier=False, config=config(SPLIT))
-    got = run(model, optimizer, [batches[hvd.rank()]])
+    with plan_staying_out() if passing else contextlib.nullcontext():
+        optimizer = ScheduledOptimizer(model, lbfgs, cross_barrier=False,
+                                       config=config(plan=True) if passing else config(SPLIT))
+        got = run(model, optimizer, [batches[hvd.rank()]])
+    if optimizer.passes_through != passing:
+        raise AssertionError(f"passes_through is {optimizer.passes_through}")
     optimizer.close()
-    report.same("unsupported/lbfgs_in_barrier_mode", expected, got, tolerance=1e-5)
+    report.same(name, expected, got, tolerance=1e-5)
 
 
 def main() -> None:
@@ -145,6 +152,8 @@ def main() -> None:
         checkpoint(report, flavor)
         report.run("eval/after_step", lambda: evaluation(report, flavor))
         unsupported(report)
+        passing_through(report, flavor)
+        report.run("pass/lbfgs_in_barrier_mode", lambda: lbfgs_barrier(report, "pass/lbfgs_in_barrier_mode", True))
         no_deadlock(report, flavor, args.deadlock_runs)
     else:
         matrix(report, flavor, optimizers, ("bytescheduler",), args.tolerance, model_name="smooth_cnn")

@@ -17,12 +17,14 @@ same weights on the same data as the unscheduled baseline, which it must match b
   to the plan as on a GPU, and rank 0's simulation replaced by one that stays out: every rank
   merges its buckets into 4 tasks at step 2;
 - ``reuse``: as ``failed``, then that optimizer is closed and a second one trains a fresh model
-  on the same Core (over torch.distributed the first one's agreed sequence must be left for it).
+  on the same Core (through the Core: the first one passed its gradients to the library);
+- ``late`` (torch.distributed): as ``failed``, and while that optimizer passes through, a second
+  one is created on the same Core: refused on every rank, naming the way out.
 
 Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
-(sizes as text, ``inf`` unlimited), the Core's order mode at the end (``sequence`` once it
-follows the buckets' agreed order), the step, sizes and fusion bound of ``optimizer.plan``, its
-number of buckets at the end, and its summary.
+(sizes as text, ``inf`` unlimited), the Core's order mode at the end, whether the optimizer passed
+its gradients to the library's own path at the end, the step, sizes and fusion bound of
+``optimizer.plan``, its number of buckets at the end, and its summary.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -81,12 +83,15 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     SET_PARAMS.clear()
     os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
     plan_module.make_plan = {"forced": forced_plan, "fused": staying_out_plan}.get(case, make_plan)  # type: ignore[assignment]
-    observer_module.measure_network = failing_network if case in ("failed", "reuse") else measure_network  # type: ignore[assignment]
+    observer_module.measure_network = failing_network if case in ("failed", "reuse", "late") else measure_network  # type: ignore[assignment]
     optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
     if case == "sized":
         os.environ["BYTESCHED_PARTITION_BYTES"] = "2MB"
     if case == "reuse":
         train_once(flavor, backend, report, "reuse/first", expected)
+    if case == "late":
+        train_once(flavor, backend, report, case, expected, then=create_another)
+        return
     if case == "fused":
         train_once(flavor, backend, report, case, run_baseline(flavor, "deep", "sgd", steps=STEPS), "deep")
     else:
@@ -98,8 +103,20 @@ def offering_fusion(config: Any, device: torch.device) -> float:
     return config.fusion_bytes
 
 
+def create_another(flavor: Flavor, backend: str, report: Reporter, case: str) -> None:
+    """Create a second ScheduledOptimizer on the Core whose first one passes through: refused."""
+    model = new_model("wide")
+    try:
+        ScheduledOptimizer(model, OPTIMIZERS["sgd"](model.parameters()))
+    except RuntimeError as error:
+        report.result(f"{case}/refused", "create every ScheduledOptimizer before the first step" in str(error),
+                      f"message={str(error)[:200]!r}")
+    else:
+        report.result(f"{case}/refused", False, "a second optimizer was created")
+
+
 def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor],
-               model_name: str = "wide") -> None:
+               model_name: str = "wide", then: Callable[[Flavor, str, Reporter, str], None] | None = None) -> None:
     model = new_model(model_name)
     inner = OPTIMIZERS["sgd"](model.parameters())
     if backend == "horovod":
@@ -110,11 +127,14 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
     got = snapshot(model)
     outcome = optimizer.plan
     order = optimizer.core.start_order
+    passing = optimizer.passes_through
     buckets = len(optimizer._pipeline.buckets)
+    if then is not None:
+        then(flavor, backend, report, case)
     optimizer.close()
     report.same(f"{case}/same_as_unscheduled", expected, got)
     print("PLAN " + json.dumps({
-        "case": case, "rank": flavor.rank, "set_params": SET_PARAMS, "order": order,
+        "case": case, "rank": flavor.rank, "set_params": SET_PARAMS, "order": order, "passes_through": passing,
         "step": None if outcome is None else outcome.step,
         "params": None if outcome is None else [format_size(outcome.params.partition_bytes),  # type: ignore[arg-type]
                                                 format_size(outcome.params.credit_bytes)],
@@ -126,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("horovod", "dist"), required=True)
     parser.add_argument("--cases", required=True, help="comma-separated: plan, barrier, forced, failed, sized, "
-                                                       "fused, reuse")
+                                                       "fused, reuse, late")
     args = parser.parse_args()
     flavor: Flavor = HorovodFlavor() if args.backend == "horovod" else DistributedFlavor()
     torch.set_num_threads(1)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from bytesched.core import SchedulingParams
+from bytesched.runtime import start_observer
 from bytesched.plugins.torch import ScheduledOptimizer
 from torch_harness import OPTIMIZERS, SPLIT, STEPS, Reporter, config, load, new_model, save, snapshot, train
 
@@ -42,8 +43,8 @@ class Flavor(ABC):
 
     @abstractmethod
     def scheduled(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: SchedulingParams,
-                  policy: str, cross_barrier: bool, **options: Any) -> ScheduledOptimizer:
-        """ScheduledOptimizer over this backend."""
+                  policy: str, cross_barrier: bool, plan: bool = False, **options: Any) -> ScheduledOptimizer:
+        """ScheduledOptimizer over this backend (``plan``: sized by the start-up plan)."""
 
 
 class HorovodFlavor(Flavor):
@@ -57,9 +58,9 @@ class HorovodFlavor(Flavor):
         return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **options)
 
     def scheduled(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: SchedulingParams,
-                  policy: str, cross_barrier: bool, **options: Any) -> ScheduledOptimizer:
+                  policy: str, cross_barrier: bool, plan: bool = False, **options: Any) -> ScheduledOptimizer:
         return ScheduledOptimizer(model, self.baseline(model, optimizer, **options), cross_barrier=cross_barrier,
-                                  config=config(params, policy))
+                                  config=config(params, policy, plan))
 
 
 class AllreduceThenStep:
@@ -113,8 +114,8 @@ class DistributedFlavor(Flavor):
         return AllreduceThenStep(optimizer)
 
     def scheduled(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: SchedulingParams,
-                  policy: str, cross_barrier: bool, **options: Any) -> ScheduledOptimizer:
-        return ScheduledOptimizer(model, optimizer, cross_barrier=cross_barrier, config=config(params, policy),
+                  policy: str, cross_barrier: bool, plan: bool = False, **options: Any) -> ScheduledOptimizer:
+        return ScheduledOptimizer(model, optimizer, cross_barrier=cross_barrier, config=config(params, policy, plan),
                                   **options)
 
 
@@ -134,13 +135,18 @@ def run_baseline(flavor: Flavor, model_name: str, opt_name: str, options: dict |
 
 def run_scheduled(flavor: Flavor, model_name: str, opt_name: str, params: SchedulingParams = DEFAULT,
                   policy: str = "bytescheduler", options: dict | None = None, cross_barrier: bool = True,
-                  scheduler: Callable | None = None, **train_kwargs: Any) -> list[torch.Tensor]:
-    """Train with ScheduledOptimizer; the final parameters (after synchronize())."""
+                  scheduler: Callable | None = None, passing: bool = False, **train_kwargs: Any) -> list[torch.Tensor]:
+    """Train with ScheduledOptimizer; the final parameters (after synchronize()). ``passing``: the
+    start-up plan stays out (its measurement fails) and the optimizer must pass through from its
+    step on."""
     model = new_model(model_name)
-    optimizer = flavor.scheduled(model, OPTIMIZERS[opt_name](model.parameters()), params, policy, cross_barrier,
-                                 **(options or {}))
-    train(model, optimizer, model_name, flavor.rank, scheduler=scheduler(optimizer) if scheduler else None,
-          **train_kwargs)
+    with plan_staying_out() if passing else contextlib.nullcontext():
+        optimizer = flavor.scheduled(model, OPTIMIZERS[opt_name](model.parameters()), params, policy, cross_barrier,
+                                     plan=passing, **(options or {}))
+        train(model, optimizer, model_name, flavor.rank, scheduler=scheduler(optimizer) if scheduler else None,
+              **train_kwargs)
+    if passing and not optimizer.passes_through:
+        raise AssertionError(f"the plan stayed out but the optimizer does not pass through (plan: {optimizer.plan})")
     optimizer.synchronize()
     result = snapshot(model)
     optimizer.close()
@@ -194,6 +200,46 @@ def loop_habits(report: Reporter, flavor: Flavor) -> None:
                                              run_scheduled(flavor, "cnn", "sgd", SPLIT, **{**common, **only_scheduled})))
     report.run("opt/adagrad", lambda: report.same(
         "opt/adagrad", run_baseline(flavor, "cnn", "adagrad"), run_scheduled(flavor, "cnn", "adagrad", SPLIT)))
+
+
+@contextlib.contextmanager
+def plan_staying_out() -> Iterator[None]:
+    """The start-up plan's measurement fails, so the plan stays out of the way at its step."""
+    def failing(*args: Any) -> Any:
+        raise RuntimeError("no measurement (the test wants the plan to stay out)")
+    measure = start_observer.measure_network
+    start_observer.measure_network = failing  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        start_observer.measure_network = measure  # type: ignore[assignment]
+
+
+def passing_through(report: Reporter, flavor: Flavor) -> None:
+    """Once a plan stays out, the library's own path trains what the baseline trains, under the
+    same training-loop habits as the Core's path (plain step, synchronize() and clipping or AMP,
+    gradient accumulation, an LR scheduler, model.zero_grad(), barrier mode without synchronize()).
+    SPLIT's small fusion bound gives several buckets, which torch.distributed starts in order."""
+    clip = dict(synchronize=True, clip=0.5)
+    amp = dict(synchronize=True, amp=True, clip=1.0)
+    passes = dict(options=dict(backward_passes_per_step=2), passes=2)
+    cases: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+        "pass/sgd": ("sgd", {}, {}),
+        "pass/adam": ("adam", {}, {}),
+        "pass/lr_scheduler": ("sgd", dict(scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 4, gamma=0.7)), {}),
+        "pass/model.zero_grad": ("sgd", dict(zero="model"), {}),
+        "pass/synchronize_clip": ("sgd", clip, {}),
+        "pass/synchronize_amp_clip": ("sgd", amp, {}),
+        "pass/backward_passes_per_step=2": ("sgd", passes, {}),
+        "pass/barrier": ("sgd", {}, dict(cross_barrier=False)),
+        "pass/barrier_clip_without_synchronize": ("sgd", clip, dict(cross_barrier=False, synchronize=False)),
+        "pass/barrier_amp_without_synchronize": ("sgd", amp, dict(cross_barrier=False, synchronize=False)),
+        "pass/barrier_backward_passes_per_step=2": ("sgd", passes, dict(cross_barrier=False)),
+    }
+    for name, (opt_name, common, only_scheduled) in cases.items():
+        report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", opt_name, **common),
+                                             run_scheduled(flavor, "cnn", opt_name, SPLIT, passing=True,
+                                                           **{**common, **only_scheduled})))
 
 
 def checkpoint(report: Reporter, flavor: Flavor) -> None:

@@ -337,6 +337,12 @@ class ScheduledKVStore(KVStoreBase):
         return self._sizes.plan
 
     @property
+    def passes_through(self) -> bool:
+        """The plan stayed out of the way, and every operation goes to the wrapped store's own
+        call (module doc, "Start-up plan")."""
+        return self._passthrough
+
+    @property
     def partition_bytes(self) -> float:
         """The partition size of the current server-key layout."""
         return self._partition_bytes

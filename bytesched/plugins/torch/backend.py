@@ -1,8 +1,9 @@
 """The gradient all-reduce backends the PyTorch plugin runs on, and how one is chosen.
 
-A backend knows three things the plugin does not: how to lay a gradient out for the wire, how to
-start one partition's all-reduce without blocking (and report its completion to the Core), and how
-to turn the reduced wire buffer back into the gradient (averaging, decompression).
+A backend knows four things the plugin does not: how to lay a gradient out for the wire, how to
+start one partition's all-reduce without blocking (and report its completion to the Core), how
+to turn the reduced wire buffer back into the gradient (averaging, decompression), and the
+library's own gradient path, which a plan that stays out of the way hands the gradients to.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import torch
 from bytesched.core import SubTask
 
 if TYPE_CHECKING:
+    from .fusion import Bucket
+    from .passthrough import PassThrough
+    from .pipeline import ParamSlot
     from .task import GradientTask
 
 
@@ -65,6 +69,13 @@ class Backend(ABC):
         """A blocking all-reduce of ``nbytes`` on ``device``, as the library runs a gradient's
         (the start-up plan times it; every rank calls it together); its buffer is
         :func:`operation_buffer`'s."""
+
+    @abstractmethod
+    def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
+                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool) -> "PassThrough":
+        """The library's own gradient path for ``slots`` (fused into ``buckets`` where the library
+        does not fuse by itself), which a ScheduledOptimizer hands its gradients to once its
+        start-up plan stayed out of the way; ``barrier``: backward() waits for it (barrier mode)."""
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""

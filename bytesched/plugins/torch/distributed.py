@@ -22,6 +22,9 @@ from .backend import Backend, operation_buffer
 from .fusion import unpack
 
 if TYPE_CHECKING:
+    from .fusion import Bucket
+    from .passthrough import PassThrough
+    from .pipeline import ParamSlot
     from .task import GradientTask
 
 
@@ -56,8 +59,22 @@ class DistributedBackend(Backend):
     def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
         return flat, None
 
+    def all_reduce_async(self, tensor: torch.Tensor) -> Any:
+        """Start summing ``tensor`` over the group, in place; the collective's ``Work``."""
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
+
+    def average(self, summed: torch.Tensor, grads: list[torch.Tensor]) -> None:
+        """Write the mean of the flat ``summed`` gradients into ``grads`` (DDP's average)."""
+        summed.div_(self.size)
+        unpack(summed, grads)
+
+    def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
+                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool) -> "PassThrough":
+        from .passthrough import BucketPassThrough
+        return BucketPassThrough(self, slots, buckets, plain_step, optimizer, passes_per_step, barrier)
+
     def start(self, task: "GradientTask", sub: SubTask) -> None:
-        work = dist.all_reduce(sub.payload, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
+        work = self.all_reduce_async(sub.payload)
 
         def done(future: torch.futures.Future) -> None:
             try:
@@ -70,5 +87,4 @@ class DistributedBackend(Backend):
         work.get_future().then(done)
 
     def finalize(self, task: "GradientTask") -> None:
-        task.wire.div_(self.size)
-        unpack(task.wire, task.grads)
+        self.average(task.wire, task.grads)

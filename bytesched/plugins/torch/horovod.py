@@ -24,6 +24,9 @@ from .backend import Backend, operation_buffer
 from .fusion import unpack
 
 if TYPE_CHECKING:
+    from .fusion import Bucket
+    from .passthrough import PassThrough
+    from .pipeline import ParamSlot
     from .task import GradientTask
 
 
@@ -157,6 +160,11 @@ class HorovodBackend(Backend):
         # hooks; the next forward pass creates fresh accumulators, so only bytesched's hooks fire.
         # check_idle() verifies that no Horovod hook fired.
         self._optimizer._grad_accs.clear()
+
+    def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
+                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool) -> "PassThrough":
+        from .passthrough import HorovodPassThrough
+        return HorovodPassThrough(self._optimizer, slots, plain_step, barrier)
 
     def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         # hvd.DistributedOptimizer's class derives from the user's optimizer class; that class's

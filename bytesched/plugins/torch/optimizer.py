@@ -37,6 +37,7 @@ from bytesched.tuning import TuningSession, make_session
 from .backend import Backend, make_backend
 from .consistency import check_same_parameters, make_check
 from .fusion import agree_on_buckets
+from .passthrough import PassThrough
 from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
 from .proxies import ForwardProxies
 from .timeline import StepTimeline
@@ -95,14 +96,20 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._cross_barrier = cross_barrier
         self._plain_step = backend.step_function(optimizer)
         self._core = start_core(config, backend)
+        if backend.order == "rank0" and any(other._core is self._core and other.passes_through for other in _live):
+            raise RuntimeError("another ScheduledOptimizer on this bytesched Core passes its gradients to "
+                               f"{backend.name} in its own order (its start-up plan stayed out of the way), which "
+                               "this one's collectives would interleave with: create every ScheduledOptimizer "
+                               "before the first step, close that one first, or set BYTESCHED_PLAN=0")
         self._pipeline = UpdatePipeline(slots, buckets, backend, self._core,
                                         PartialStep(optimizer, self._plain_step), passes)
         sink = self._core.timeline
         self._timeline = StepTimeline(sink) if isinstance(sink, ChromeTimeline) else None
         self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots),
                                        on_wait=None if self._timeline is None else self._timeline.forward_wait)
-        self._hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
-                       for slot in slots]
+        self._ready_hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
+                             for slot in slots]
+        self._hooks = []
         if self._timeline is not None:
             self._hooks += self._timeline.hook(model)
         for module in model.modules():
@@ -114,6 +121,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._fusion = config.fusion_bytes  # the bound this optimizer's buckets were fused under
         self._fusion_follows_plan = not config.fusion_fixed
         self._samples_per_step = samples_per_step
+        self._passes_per_step = passes
+        self._passing: PassThrough | None = None  # the library's own path, once the plan stayed out
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
         device = slots[0].param.device
         warm = self._observer(TuningWarmStart, backend, model_bytes, device) \
@@ -122,7 +131,6 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                    planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
         self._closed = False
-        self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
         self._waiting_for_backward = False
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
         # whose groups and state already exist (unpickling); ours are the wrapped optimizer's.
@@ -159,18 +167,10 @@ class ScheduledOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Crossing the barrier: release this iteration's updates and return at once (no closure).
-        Barrier mode: wait for every all-reduce, then run the wrapped optimizer's step."""
+        Barrier mode, or passing through: wait for every all-reduce, then run the wrapped
+        optimizer's step."""
         self._check_open()
-        self._proxies.settle()
-        self._backend.check_idle()
-        if not self._cross_barrier:
-            result = self._step_at_barrier(closure)
-        elif closure is not None:
-            raise BarrierCrossingError("step(closure) re-evaluates the model inside step(), so step() "
-                                       "cannot return before the gradients are reduced; " + BARRIER_MODE)
-        else:
-            self._pipeline.release(hyperparameters(self._inner))
-            result = None
+        result = self._scheduled_step(closure) if self._passing is None else self._passing.step(closure)
         if self._sizes.active or self._fusion_due():
             self._step_boundary()
         if self._check is not None:
@@ -182,7 +182,10 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; one whose update is still pending is cleared right after the update."""
         self._check_open()
-        self._pipeline.zero_grad(set_to_none)
+        if self._passing is None:
+            self._pipeline.zero_grad(set_to_none)
+        else:
+            self._passing.zero_grad(set_to_none)
 
     def synchronize(self) -> None:
         """Wait until communication and updates have landed.
@@ -193,6 +196,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         update released by ``step()`` has been applied, so parameters can be read directly.
         """
         self._check_open()
+        if self._passing is not None:
+            self._passing.synchronize()
+            return
         if self._pipeline.round_open:
             self._pipeline.reduce_all()
         self._pipeline.wait_applied()
@@ -231,6 +237,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._sizes.tuned
 
     @property
+    def passes_through(self) -> bool:
+        """The plan stayed out of the way, and the library's own gradient path runs
+        (:mod:`.passthrough`)."""
+        return self._passing is not None
+
+    @property
     def core(self) -> Core:
         """The bytesched Core scheduling this optimizer's communication."""
         return self._core
@@ -244,10 +256,10 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             log.error("bytesched: updates still pending after %.0f s at close(); a peer may have "
                       "stopped (parameters may miss their last update)", timeout)
         self._closed = True
-        if self._sequenced and self._core.running:
-            self._core.restore_order()  # the sequence names this optimizer's buckets only
         self._stop_listening()
-        for hook in self._hooks:
+        if self._passing is not None:
+            self._passing.close()
+        for hook in self._ready_hooks + self._hooks:
             hook.remove()
         self._proxies.remove()
         self._pipeline.close()
@@ -262,7 +274,11 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         is where AMP is refused while its gradients are still being all-reduced. False: the
         scaler then unscales and steps as usual."""
         pipeline = self._pipeline
-        if self._cross_barrier and pipeline.round_open and not pipeline.round_synchronized:
+        if self._passing is not None:
+            in_flight = self._passing.in_flight
+        else:
+            in_flight = self._cross_barrier and pipeline.round_open and not pipeline.round_synchronized
+        if in_flight:
             raise BarrierCrossingError("AMP's GradScaler unscales gradients between backward() and step(), "
                                        "while bytesched is still all-reducing them; " + ESCAPE_HATCH)
         return False
@@ -320,9 +336,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             _planned_fusion[self._core] = plan.fusion_bytes
         if self._fusion_due():
             self._fuse(_planned_fusion[self._core])
-        if plan is not None and self._sequence_instead_of_rank0(plan.params):  # the merged buckets' sequence
-            self._core.start_in_sequence(self._pipeline.sequence())
-            self._sequenced = True
+        if plan is not None and plan.params == STAY_OUT and (self._backend.order != "rank0" or self._alone_on_core()):
+            self._pass_through()
 
     def _fusion_due(self) -> bool:
         """The Core's plan chose a fusion bound this optimizer's buckets do not have yet."""
@@ -339,13 +354,25 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         log.debug("bytesched: %d buckets fused into %d of up to %s", before, len(self._pipeline.buckets),
                   format_size(fusion_bytes))
 
-    def _sequence_instead_of_rank0(self, params: SchedulingParams) -> bool:
-        """Staying out of the way on a backend that needs one collective order (torch.distributed):
-        every rank can then follow the buckets' backward order, as DDP does, instead of waiting
-        for rank 0's announcements. Only while this optimizer is the Core's only one (a sequence
-        covers the tasks it knows)."""
-        return (params == STAY_OUT and self._core.order == "rank0"
-                and not any(other is not self and other._core is self._core for other in _live))
+    def _alone_on_core(self) -> bool:
+        """No other open ScheduledOptimizer shares this one's Core: on a backend that needs one
+        collective order on every rank (torch.distributed), the passing optimizer's collectives and
+        those of the Core's could interleave differently on each rank."""
+        return not any(other is not self and other._core is self._core for other in _live)
+
+    def _pass_through(self) -> None:
+        """The plan stayed out: once this step's updates landed, hand the gradients to the
+        library's own path (:mod:`.passthrough`) and drop the hooks of the Core's path."""
+        self._pipeline.wait_applied()
+        for hook in self._ready_hooks:
+            hook.remove()
+        self._ready_hooks = []
+        self._proxies.remove()
+        self._passing = self._backend.pass_through(self._inner, self._pipeline.slots, self._pipeline.buckets,
+                                                   self._plain_step, self._passes_per_step,
+                                                   barrier=not self._cross_barrier)
+        log.info("bytesched: the plan stayed out of the way; from step %d on, gradients take %s's own path",
+                 self._steps, self._backend.name)
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline
@@ -368,6 +395,18 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._waiting_for_backward = False
         if self._pipeline.round_started:
             self._pipeline.reduce_all()
+
+    def _scheduled_step(self, closure: Callable[[], Any] | None) -> Any:
+        """step() on the Core's path."""
+        self._proxies.settle()
+        self._backend.check_idle()
+        if not self._cross_barrier:
+            return self._step_at_barrier(closure)
+        if closure is not None:
+            raise BarrierCrossingError("step(closure) re-evaluates the model inside step(), so step() "
+                                       "cannot return before the gradients are reduced; " + BARRIER_MODE)
+        self._pipeline.release(hyperparameters(self._inner))
+        return None
 
     def _step_at_barrier(self, closure: Callable[[], Any] | None) -> Any:
         self._waiting_for_backward = False  # in case a backward pass raised before its callback ran

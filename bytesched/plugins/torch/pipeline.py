@@ -56,6 +56,11 @@ ESCAPE_HATCH = ("call optimizer.synchronize() after backward() and before readin
                 "(that iteration then waits for its communication, as Horovod requires), or " + BARRIER_MODE)
 
 
+ZERO_GRAD_IN_FLIGHT = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                       "optimizer.synchronize(), while gradients are being all-reduced; this is prohibited "
+                       "(as with Horovod)")
+
+
 class BarrierCrossingError(RuntimeError):
     """The training loop does something that cannot cross the step() barrier (see the message)."""
 
@@ -104,6 +109,34 @@ def clear_grad(param: torch.Tensor, set_to_none: bool) -> None:
         else:
             param.grad.requires_grad_(False)
         param.grad.zero_()
+
+
+def dense_grad(slot: ParamSlot) -> torch.Tensor:
+    """``slot``'s gradient to all-reduce: zeros where this rank did not use the parameter (peers
+    may have, as Horovod assumes); a sparse one is refused, as it cannot be partitioned."""
+    param = slot.param
+    if param.grad is None:
+        param.grad = torch.zeros_like(param)
+    if param.grad.is_sparse:
+        raise BarrierCrossingError(f"{slot.name!r} has a sparse gradient, which bytesched cannot "
+                                   "partition: use a dense layer (e.g. nn.Embedding(sparse=False))")
+    return param.grad
+
+
+def computed_again(slot: ParamSlot, passes_per_step: int) -> BarrierCrossingError:
+    """The error for a gradient accumulated more often than a step allows."""
+    return BarrierCrossingError(
+        f"the gradient of {slot.name!r} was computed again before its previous all-reduce and update "
+        f"finished: call step() after every {passes_per_step} backward pass(es) (backward_passes_per_step "
+        f"of hvd.DistributedOptimizer), and read {slot.name!r} only inside the model's forward pass, or "
+        + ESCAPE_HATCH)
+
+
+def modified_while_reducing(name: str) -> BarrierCrossingError:
+    """The error for a gradient the user changed in place while its all-reduce was in flight."""
+    return BarrierCrossingError(f"the gradient of {name!r} was modified in place while bytesched was all-reducing "
+                                f"it (gradient clipping or AMP unscaling between backward() and step()?); to clip "
+                                f"or unscale, " + ESCAPE_HATCH)
 
 
 class UpdatePipeline:
@@ -158,11 +191,7 @@ class UpdatePipeline:
                 return
             bucket = slot.bucket
             if bucket.task is not None or slot.passes > self._passes_per_step:
-                raise BarrierCrossingError(
-                    f"the gradient of {slot.name!r} was computed again before its previous all-reduce "
-                    f"and update finished: call step() after every {self._passes_per_step} backward "
-                    f"pass(es) (backward_passes_per_step of hvd.DistributedOptimizer), and read "
-                    f"{slot.name!r} only inside the model's forward pass, or " + ESCAPE_HATCH)
+                raise computed_again(slot, self._passes_per_step)
             bucket.waiting -= 1
             if bucket.waiting:
                 return
@@ -203,9 +232,7 @@ class UpdatePipeline:
         itself; or the user skipped step(), e.g. GradScaler found an overflow)."""
         with self._lock:
             if not all(t.cycle.reduced for t in self._round):
-                raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
-                                   "optimizer.step() or optimizer.synchronize(), while gradients are "
-                                   "being all-reduced; this is prohibited (as with Horovod)")
+                raise RuntimeError(ZERO_GRAD_IN_FLIGHT)
             for task in self._round:
                 task.bucket.task = None
             self._reset_round()
@@ -330,14 +357,7 @@ class UpdatePipeline:
     # -- internals ----------------------------------------------------------------------------
     def _new_task(self, bucket: Bucket) -> GradientTask:
         """Create ``bucket``'s task for this iteration (lock held)."""
-        for slot in bucket.slots:
-            param = slot.param
-            if param.grad is None:  # not used on this rank; peers may need it (as Horovod does)
-                param.grad = torch.zeros_like(param)
-            if param.grad.is_sparse:
-                raise BarrierCrossingError(f"{slot.name!r} has a sparse gradient, which bytesched cannot "
-                                           "partition: use a dense layer (e.g. nn.Embedding(sparse=False))")
-        task = GradientTask(bucket, [slot.param.grad for slot in bucket.slots], self._backend,
+        task = GradientTask(bucket, [dense_grad(slot) for slot in bucket.slots], self._backend,
                             self._communicated, self.fail)
         bucket.task = task
         self._round.append(task)
@@ -382,10 +402,7 @@ class UpdatePipeline:
             if self._failure is None:
                 modified = task.modified()
                 if modified is not None:
-                    raise BarrierCrossingError(
-                        f"the gradient of {modified!r} was modified in place while bytesched was "
-                        f"all-reducing it (gradient clipping or AMP unscaling between backward() and "
-                        f"step()?); to clip or unscale, " + ESCAPE_HATCH)
+                    raise modified_while_reducing(modified)
                 streams.wait(task.communicated, task.device)
                 streams.keep_alive([task.wire, *task.grads], task.device)
                 self._backend.finalize(task)
