@@ -19,7 +19,7 @@ from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
 from bytesched.runtime.plan import STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS, StartupPlan, wants_plan
 from bytesched.sim import make_cluster, run
-from bytesched.sim.plan import make_plan
+from bytesched.sim.plan import PASS_THROUGH_MARGIN, Plan, make_plan
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -167,7 +167,8 @@ def test_rank0_plans_from_the_observed_step_and_broadcasts_its_choice() -> None:
     assert drains == [1, 1] and core.switches[-1] is None and plan.done
     assert params == plan.outcome.params and plan.outcome.step == 2  # type: ignore[union-attr]
     encoded = [0 if s == UNLIMITED else s for s in (params.partition_bytes, params.credit_bytes)]  # type: ignore[union-attr]
-    assert ranks.sent == [*encoded, 0]  # 0: the plugin keeps its fusion (it offered none)
+    # 0: the plugin keeps its fusion (it offered none); then whether to pass through
+    assert ranks.sent == [*encoded, 0, int(plan.outcome.passes_through)]  # type: ignore[union-attr]
     assert "measured 8 gradients (32.0 MB" in plan.outcome.summary  # type: ignore[union-attr]
     assert plan.outcome.fusion_bytes is None  # type: ignore[union-attr]
     assert plan.on_step(3) is None
@@ -194,7 +195,7 @@ def test_staying_out_fuses_the_plugins_gradients_into_larger_tasks() -> None:
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
-    assert ranks.sent == [0, 0, STAY_OUT_FUSION_BYTES]
+    assert ranks.sent == [0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
     assert outcome.summary.endswith("; gradients fused up to 25MB per task")
 
 
@@ -214,7 +215,7 @@ def test_a_plugin_that_cannot_or_need_not_fuse_further_keeps_its_tasks(fusion_by
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=fusion_bytes, model_bytes=model_bytes).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes is None
-    assert ranks.sent[-1] == 0
+    assert ranks.sent[2] == 0
 
 
 def test_a_sized_plan_keeps_the_plugins_tasks() -> None:
@@ -225,14 +226,15 @@ def test_a_sized_plan_keeps_the_plugins_tasks() -> None:
 
 
 def test_a_follower_fuses_as_rank0_said() -> None:
-    outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 25_000_000]), fusion_bytes=1_000_000).outcome
-    assert outcome is not None and outcome.fusion_bytes == 25_000_000
-    assert outcome.summary == "rank 0's plan: no partitioning, no credit limit, gradients fused up to 25MB per task"
+    outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
+    assert outcome is not None and outcome.fusion_bytes == 25_000_000 and outcome.passes_through
+    assert outcome.summary == ("rank 0's plan: no partitioning, no credit limit, gradients fused up to 25MB per "
+                               "task, passing through")
 
 
 def test_a_follower_applies_what_rank0_broadcast() -> None:
     core = RecordingCore()
-    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1_000_000, 0, 0]), _timed(0.0001, 0.001),
+    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1_000_000, 0, 0, 0]), _timed(0.0001, 0.001),
                        arch="allreduce", model_bytes=1_000_000, drain=lambda: None)
     plan.on_step(0)
     plan.on_step(1)
@@ -271,6 +273,56 @@ def test_the_simulator_keeps_out_of_the_way_where_messages_cost_more_than_they_s
     assert chosen.policy == "bytescheduler" and chosen.predicted_speedup > 1.01
     assert run(profile, slow, "bytescheduler", chosen.params).iteration_time < \
         run(profile, slow, "fifo", STAY_OUT).iteration_time
+
+
+def test_staying_out_passes_through_only_where_no_size_is_predicted_to_pay() -> None:
+    """The same observed step (160 ms of backward, eight 4 MB gradients), held to a bar no size
+    meets: on a slow link sizes are predicted to gain, communication is exposed, and the job stays
+    on bytesched's path (which crosses the barrier); on a fast one nothing is, and it passes
+    through."""
+    tasks = [ObservedTask(f"g{i}", 0.05 + 0.02 * i, 4_000_000) for i in range(8)]
+    profile = measured_profile(tasks, start=0.0)
+    never_sized = 0.99  # a sized plan would need to be predicted 100x faster
+
+    def planned(large_seconds: float) -> Plan:
+        network = NetworkCost(0.0002, large_seconds, 16_000_000)
+        return make_plan(profile, make_cluster(arch="allreduce", workers=2,
+                                               **network.simulator_options("allreduce", 2)), never_sized)
+
+    slow, fast = planned(0.130), planned(0.002)
+    assert slow.policy == fast.policy == "fifo"
+    assert slow.sized_gain > 1 + PASS_THROUGH_MARGIN and not slow.passes_through
+    assert fast.sized_gain < 1 + PASS_THROUGH_MARGIN and fast.passes_through
+
+
+def test_a_rank0_that_cannot_plan_passes_through(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing measured, nothing predicted: the job runs as it would without bytesched."""
+    ranks = BroadcastingRanks(0)
+    plan = StartupPlan(RecordingCore(), ranks, _timed(0.0001, 0.001), arch="allreduce", model_bytes=1_000_000,
+                       drain=lambda: None)
+    for step in range(3):
+        plan.on_step(step)
+    assert plan.outcome is not None and plan.outcome.passes_through and ranks.sent == [0, 0, 0, 1]
+    assert plan.outcome.summary.endswith("; passing through")
+
+
+def test_no_optimizer_joins_a_core_while_it_is_in_its_agreed_sequence() -> None:
+    """A sequence covers the tasks of the optimizer that agreed it: another optimizer asking for
+    the same Core meanwhile is refused with the way out, instead of issuing collectives outside
+    the sequence; once the Core left the sequence (that optimizer closed), it is served."""
+    from bytesched.core import init, shutdown
+    from bytesched.runtime import start_core
+
+    config = Config(fault_timeout_s=0.0)
+    core = init(config, rank=0, order="immediate")
+    try:
+        core.start_in_sequence(["fc", "conv"])
+        with pytest.raises(RuntimeError, match="create every ScheduledOptimizer before the first step"):
+            start_core(config, BroadcastingRanks(0))
+        core.restore_order()
+        assert core.start_order == "immediate" and start_core(config, BroadcastingRanks(0)) is core
+    finally:
+        shutdown()
 
 
 @pytest.mark.parametrize("arch, order, margin", [("allreduce", "immediate", 0.01), ("allreduce", "rank0", 0.2),

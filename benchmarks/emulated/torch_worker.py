@@ -111,8 +111,12 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
         if config.scheduled:
             optimizer.synchronize()
         plan = getattr(optimizer, "plan", None)
-        passing = " (passing through)" if config.scheduled and optimizer.passes_through else ""
-        return clock.stop(), None if plan is None else plan.summary + passing
+        path = ""
+        if config.scheduled and optimizer.passes_through:
+            path = " (passing through)"
+        elif config.scheduled and optimizer.core.start_order == "sequence":
+            path = " (tasks in the buckets' agreed order)"
+        return clock.stop(), None if plan is None else plan.summary + path
     finally:
         if config.scheduled:
             optimizer.close()

@@ -16,11 +16,12 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from .config import Config, SchedulingParams
 from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
 from .policies.follow import SubTaskKey
+from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
 from .task import CommTask, SubTask
 
@@ -122,7 +123,7 @@ class Core:
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
         self._observer: Callable[[SubTask], None] | None = None
-        self._replaced_order: tuple[Policy, bool] | None = None  # what start_on_ready replaced
+        self._replaced_order: tuple[Policy, bool] | None = None  # what start_in_sequence/on_ready replaced
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -207,6 +208,13 @@ class Core:
                 return False
             time.sleep(IDLE_POLL_S)
 
+    def start_in_sequence(self, names: Sequence[str]) -> None:
+        """From now on, every rank starts whole tasks in the cycle ``names`` (each task name once
+        per step, the same list on every rank), and rank 0 announces nothing
+        (:class:`~.policies.sequence.SequencePolicy`). For a ``rank0``-order job that stays out
+        of the way; call it on every rank at the same step boundary, with nothing in flight."""
+        self._replace_order(lambda leader: SequencePolicy(leader, names))
+
     def start_on_ready(self) -> None:
         """From now on, every rank starts each sub-task as soon as it is ready here, and rank 0
         announces nothing (:class:`~.policies.follow.ImmediatePolicy`). For a ``rank0``-order
@@ -216,9 +224,9 @@ class Core:
         self._replace_order(ImmediatePolicy)
 
     def restore_order(self) -> None:
-        """Back to the order mode the Core started with (after :meth:`start_on_ready`), keeping
-        the sizes set meanwhile; every rank calls it at the same step boundary, with nothing in
-        flight."""
+        """Back to the order mode the Core started with (after :meth:`start_in_sequence` or
+        :meth:`start_on_ready`), keeping the sizes set meanwhile; every rank calls it at the same
+        step boundary, with nothing in flight."""
         def switch() -> None:
             if self._replaced_order is None:
                 return
@@ -231,8 +239,8 @@ class Core:
 
     @property
     def start_order(self) -> str:
-        """How this Core starts tasks now: its :attr:`order` mode, or ``immediate`` while
-        :meth:`start_on_ready` replaced it."""
+        """How this Core starts tasks now: its :attr:`order` mode, or ``sequence`` / ``immediate``
+        while :meth:`start_in_sequence` / :meth:`start_on_ready` replaced it."""
         return self.order if self._replaced_order is None else self.policy.name
 
     def _replace_order(self, make: Callable[[Policy], Policy]) -> None:

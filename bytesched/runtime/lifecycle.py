@@ -71,6 +71,11 @@ def start_core(config: Config, backend: Ranks) -> Core:
         if running.config != config or running.order != order:
             raise RuntimeError(f"a bytesched Core is already running with another configuration or order "
                                f"mode ({running.order}); call bytesched.core.shutdown() first")
+        if running.start_order == "sequence":
+            raise RuntimeError("the running bytesched Core starts its tasks in a sequence agreed for the "
+                               "ScheduledOptimizer that is training (the start-up plan stays out of the way): "
+                               "create every ScheduledOptimizer before the first step, close that one first, "
+                               "or set BYTESCHED_PLAN=0")
         return running
     channel = None
     if needs_channel(config, order, backend.size):

@@ -97,13 +97,19 @@ class PlanOutcome:
     fusion_bytes: float | None = None
     """The fusion bound the plugin's gradients are to be fused under from ``step`` on; None: as
     they are."""
+    passes_through: bool = False
+    """It stays out, and no size was predicted to gain even a little (or nothing could be
+    predicted): a plugin whose framework waits at the barrier (PyTorch) hands its gradients to the
+    framework's own path (:attr:`bytesched.sim.plan.Plan.passes_through`); elsewhere it stays on
+    bytesched's path, which crosses the barrier. MXNet's engine lets each layer go on once its own
+    parameters are written, so its plugins pass through wherever the plan stays out."""
 
     def describe(self) -> str:
         """What was applied, in a few words ("1MB partitions, 2MB credit")."""
         fused = "" if self.fusion_bytes is None else f", {_fused(self.fusion_bytes)}"
         params = self.params
         if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
-            return "no partitioning, no credit limit" + fused
+            return "no partitioning, no credit limit" + fused + (", passing through" if self.passes_through else "")
         return f"{format_size(params.partition_bytes)} partitions, {format_size(params.credit_bytes)} credit{fused}"  # type: ignore[arg-type]
 
 
@@ -149,10 +155,10 @@ class StartupPlan(StartObserver):
     def _decide(self, step: int, start: float, end: float) -> PlanOutcome:
         network, failure = self._time_backend()
         summary = ""
-        chosen = STAY_OUT
+        chosen, through = STAY_OUT, False
         fusion = None
         if self._ranks.rank == 0:
-            chosen, summary, level = self._plan(network, failure, start, end)
+            chosen, through, summary, level = self._plan(network, failure, start, end)
             fusion = self._fusion_for(chosen)
             if fusion is not None:
                 summary += f"; {_fused(fusion)}"
@@ -161,6 +167,7 @@ class StartupPlan(StartObserver):
             partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
             credit = self._ranks.broadcast_int(_encode(chosen.credit_bytes))
             fused = self._ranks.broadcast_int(KEEP_FUSION_CODE if fusion is None else int(fusion))
+            through = bool(self._ranks.broadcast_int(int(through)))
         except ChannelError:
             raise  # ranks that cannot hear each other cannot agree to stay out either: the job stops
         except Exception as exc:
@@ -168,7 +175,7 @@ class StartupPlan(StartObserver):
                         self._ranks.rank, exc)
             return PlanOutcome(STAY_OUT, step, "staying out of the way: the plan's broadcast failed")
         params = SchedulingParams(partition_bytes=_decode(partition), credit_bytes=_decode(credit))
-        outcome = PlanOutcome(params, step, summary, None if fused == KEEP_FUSION_CODE else float(fused))
+        outcome = PlanOutcome(params, step, summary, None if fused == KEEP_FUSION_CODE else float(fused), through)
         if self._ranks.rank != 0:
             outcome = dataclasses.replace(outcome, summary=f"rank 0's plan: {outcome.describe()}")
         log.debug("bytesched plan (rank %d) from step %d: %s", self._ranks.rank, step, outcome.summary)
@@ -182,8 +189,9 @@ class StartupPlan(StartObserver):
         return bound if bound > self._fusion_bytes else None
 
     def _plan(self, network: NetworkCost | None, failure: str, start: float,
-              end: float) -> tuple[SchedulingParams, str, int]:
-        """Rank 0: the sizes to broadcast, the line that says why and the level to log it at."""
+              end: float) -> tuple[SchedulingParams, bool, str, int]:
+        """Rank 0: the sizes to broadcast, whether to pass through, the line that says why and the
+        level to log it at."""
         if network is None:
             return self._stay_out(failure)
         try:
@@ -195,7 +203,10 @@ class StartupPlan(StartObserver):
             return self._stay_out(f"no plan could be made: {exc}")
         summary = (f"{job.describe(self.operation_name)}; chose {plan.describe()}, predicted "
                    f"{plan.predicted_speedup:.2f}x over staying out (planned in {seconds:.2f} s)")
-        return _params_of(plan), summary, logging.INFO
+        if plan.policy == "fifo":
+            summary += (f"; the best sizes predicted {plan.sized_gain:.2f}x"
+                        + ("; passing through" if plan.passes_through else ""))
+        return _params_of(plan), plan.passes_through, summary, logging.INFO
 
     def _sized_margin(self) -> float:
         """The predicted gain a sized plan needs over staying out of the way on this backend."""
@@ -204,8 +215,10 @@ class StartupPlan(StartObserver):
         return RANK0_ORDER_MARGIN if self._core.order == "rank0" else STAY_OUT_MARGIN
 
     @staticmethod
-    def _stay_out(reason: str) -> tuple[SchedulingParams, str, int]:
-        return STAY_OUT, f"staying out of the way (no partitioning, no credit limit): {reason}", logging.WARNING
+    def _stay_out(reason: str) -> tuple[SchedulingParams, bool, str, int]:
+        """Nothing to plan from: as the job would run without bytesched."""
+        return (STAY_OUT, True, f"staying out of the way (no partitioning, no credit limit): {reason}; passing through",
+                logging.WARNING)
 
 
 def _params_of(plan: Plan) -> SchedulingParams:

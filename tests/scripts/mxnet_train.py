@@ -48,7 +48,8 @@ def replace_plan(case: str) -> None:
 
         def forced(*args: object) -> Plan:
             simulated = real(*args)  # type: ignore[arg-type]
-            return Plan("bytescheduler", FORCED, simulated.search_iteration_time, simulated.stay_out_iteration_time)
+            return Plan("bytescheduler", FORCED, simulated.search_iteration_time, simulated.stay_out_iteration_time,
+                        simulated.search_iteration_time)
         plan_module.make_plan = forced  # type: ignore[assignment]
     else:
         def failing(*args: object) -> None:

@@ -66,13 +66,16 @@ def forced_plan(*args: Any) -> Plan:
     """Rank 0's simulation, replaced: always the FORCED sizes (the real one runs first, so the
     case pays what a real plan costs)."""
     real = make_plan(*args)
-    return Plan("bytescheduler", FORCED, real.search_iteration_time, real.stay_out_iteration_time)
+    return Plan("bytescheduler", FORCED, real.search_iteration_time, real.stay_out_iteration_time,
+                real.search_iteration_time)
 
 
 def staying_out_plan(*args: Any) -> Plan:
-    """Rank 0's simulation, replaced: always stay out of the way (after the real one)."""
+    """Rank 0's simulation, replaced: always stay out of the way and pass through (after the
+    real one)."""
     real = make_plan(*args)
-    return Plan("fifo", STAY_OUT, real.stay_out_iteration_time, real.stay_out_iteration_time)
+    stay_out = real.stay_out_iteration_time
+    return Plan("fifo", STAY_OUT, stay_out, stay_out, stay_out)
 
 
 def failing_network(*args: Any) -> Any:

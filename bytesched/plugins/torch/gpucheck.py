@@ -254,7 +254,7 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
     Each round of a bytesched configuration is a job of its own, as a user's would be: a fresh
     Core, a ScheduledOptimizer that runs its start-up plan during the warm-up iterations, the
     timed iterations, and ``close()``. (Two optimizers sharing one Core would each follow the
-    order rank 0 announces, where one alone follows its buckets' sequence.)"""
+    order rank 0 announces, where one alone passes through when its plan stays out.)"""
     torch.manual_seed(0)
     base, make_inputs = _build(name)
     base = base.to(device)
@@ -277,7 +277,8 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
                 _iterations(models[config], optimizer, inputs, options.warmup)
                 _landed(optimizer, device)
                 times[config].append(_timed_iterations(models[config], optimizer, inputs, options.steps, device))
-                plans[config] = "(no plan)" if optimizer.plan is None else optimizer.plan.describe()
+                plans[config] = "(no plan)" if optimizer.plan is None else optimizer.plan.describe() + \
+                    (", passing through" if optimizer.passes_through else "")
             finally:
                 optimizer.close()
     shutdown()

@@ -131,6 +131,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                    planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
         self._closed = False
+        self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
         self._waiting_for_backward = False
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
         # whose groups and state already exist (unpickling); ours are the wrapped optimizer's.
@@ -256,6 +257,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             log.error("bytesched: updates still pending after %.0f s at close(); a peer may have "
                       "stopped (parameters may miss their last update)", timeout)
         self._closed = True
+        if self._sequenced and self._core.running:
+            self._core.restore_order()  # the sequence names this optimizer's buckets only
         self._stop_listening()
         if self._passing is not None:
             self._passing.close()
@@ -336,8 +339,13 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             _planned_fusion[self._core] = plan.fusion_bytes
         if self._fusion_due():
             self._fuse(_planned_fusion[self._core])
-        if plan is not None and plan.params == STAY_OUT and (self._backend.order != "rank0" or self._alone_on_core()):
+        if plan is None or plan.params != STAY_OUT:
+            return
+        if plan.passes_through and (self._backend.order != "rank0" or self._alone_on_core()):
             self._pass_through()
+        elif self._core.order == "rank0" and self._alone_on_core():  # the merged buckets' sequence
+            self._core.start_in_sequence(self._pipeline.sequence())
+            self._sequenced = True
 
     def _fusion_due(self) -> bool:
         """The Core's plan chose a fusion bound this optimizer's buckets do not have yet."""
@@ -355,9 +363,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                   format_size(fusion_bytes))
 
     def _alone_on_core(self) -> bool:
-        """No other open ScheduledOptimizer shares this one's Core: on a backend that needs one
-        collective order on every rank (torch.distributed), the passing optimizer's collectives and
-        those of the Core's could interleave differently on each rank."""
+        """No other open ScheduledOptimizer shares this one's Core. Staying out on a backend that
+        needs one collective order on every rank (torch.distributed), this optimizer's buckets
+        may then go in their backward order, as DDP's do, instead of rank 0's announced one:
+        passing through, or through the Core in a sequence every rank knows (a sequence covers
+        the tasks it knows; another optimizer's collectives could interleave differently on each
+        rank)."""
         return not any(other is not self and other._core is self._core for other in _live)
 
     def _pass_through(self) -> None:
