@@ -13,8 +13,9 @@ from typing import Any, Callable
 
 import pytest
 
-from bytesched.core import Config, ConfigError, from_env
+from bytesched.core import Config, ConfigError, SchedulingParams, from_env
 from bytesched.core.config import UNLIMITED
+import bytesched.runtime.plan as plan_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
 from bytesched.runtime.plan import STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS, StartupPlan, wants_plan
@@ -218,11 +219,16 @@ def test_a_plugin_that_cannot_or_need_not_fuse_further_keeps_its_tasks(fusion_by
     assert ranks.sent[2] == 0
 
 
-def test_a_sized_plan_keeps_the_plugins_tasks() -> None:
-    """Partitions and credit schedule the tasks as they are: only staying out fuses them."""
+def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions and credit schedule the tasks as they are: only staying out fuses them. Rank 0's
+    simulation is replaced by one that picks sizes, so that how busy the machine is while the
+    step is observed cannot change the choice."""
+    sized = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
+    monkeypatch.setattr(plan_module, "make_plan", lambda *args: Plan("bytescheduler", sized, 1.0, 1.2, 1.0))
     ranks = BroadcastingRanks(0)
-    outcome = _planned(0, ranks, fusion_bytes=1_000_000, fixed=0.0002, large=0.004).outcome
-    assert outcome is not None and outcome.params != STAY_OUT and outcome.fusion_bytes is None
+    outcome = _planned(0, ranks, fusion_bytes=1_000_000).outcome
+    assert outcome is not None and outcome.params == sized and outcome.fusion_bytes is None
+    assert not outcome.passes_through and ranks.sent == [1_000_000, 2_000_000, 0, 0]
 
 
 def test_a_follower_fuses_as_rank0_said() -> None:
