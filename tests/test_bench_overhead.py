@@ -19,7 +19,8 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
     result = summarize({"mxnet": {"plain": jobs(10.0, 12.0, 11.0), "unfused": jobs(20.0, 15.0, 30.0),
                                   "fused": jobs(9.0, 9.0, 9.0)}}, tensors=4)
     assert result["mxnet"]["plain"] == {"ms_per_step": 11.0, "min": 10.0, "max": 12.0, "us_per_tensor_over_plain": 0.0,
-                                        "switches_per_tensor": 22.0, "threads": 12}  # 8 x 11 / 4; the most
+                                        "switches_per_tensor": 22.0, "threads": 12,  # 8 x 11 / 4; the most
+                                        "passed_through": 0}
     assert result["mxnet"]["unfused"]["us_per_tensor_over_plain"] == 2250.0  # (20 - 11) ms / 4
     assert result["mxnet"]["fused"]["us_per_tensor_over_plain"] == -500.0
 

@@ -48,8 +48,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
     timeline = tmp_path_factory.mktemp("timeline") / "tl.json"
     env = {k: v for k, v in os.environ.items() if k not in ("BYTESCHED_CHANNEL_PORT", "BYTESCHED_ORDER")}
     env["BYTESCHED_CHECK"] = "5"
-    # Fusion off in the normal job: one task per parameter, so that its timeline has many events to flush.
-    runs = {"normal": (["--steps", "20"], dict(env, BYTESCHED_TIMELINE=str(timeline), BYTESCHED_FUSION_BYTES="1")),
+    # Fusion off in the normal job: one task per parameter, so that its timeline has many events to
+    # flush; no plan, which could pass the gradients through to Horovod, off the Core and its trace.
+    runs = {"normal": (["--steps", "20"], dict(env, BYTESCHED_TIMELINE=str(timeline), BYTESCHED_FUSION_BYTES="1",
+                                               BYTESCHED_PLAN="0")),
             "perturbed": (["--steps", "20", "--perturb-rank", "1", "--perturb-step", "6"], env)}
     with ThreadPoolExecutor(len(runs)) as pool:
         futures = {name: pool.submit(horovod_job, *run) for name, run in runs.items()}

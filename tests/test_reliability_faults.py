@@ -86,8 +86,9 @@ def rank_output(output: str, rank: int) -> str:
 @pytest.mark.multiproc
 @pytest.mark.timeout(200)
 def test_frozen_rank_is_named_with_the_tensor_and_survivors_exit() -> None:
-    """SIGSTOP: the process stays, its sockets stay open, only heartbeats can tell (a hung node)."""
-    output, exits = launch_until_exits(3, ["--stop-rank", "1"], {0, 2}, env=fault_env())
+    """SIGSTOP: the process stays, its sockets stay open, only heartbeats can tell (a hung node).
+    No plan: on the Core's path the survivors also name the tensor they wait for."""
+    output, exits = launch_until_exits(3, ["--stop-rank", "1"], {0, 2}, env=fault_env(BYTESCHED_PLAN="0"))
     fault = re.search(r"FAULT rank=1 freezing", output)
     assert fault, output[-4000:]
     for rank in (0, 2):
@@ -105,12 +106,30 @@ def test_frozen_rank_is_named_with_the_tensor_and_survivors_exit() -> None:
 @pytest.mark.timeout(200)
 def test_stalled_rank_is_named_and_stall_timeout_ends_the_job() -> None:
     """A rank alive but stuck before producing a gradient: rank 0's stall warning names it, and
-    BYTESCHED_STALL_TIMEOUT_S ends every rank, the stuck one included (it loses rank 0)."""
-    env = fault_env(BYTESCHED_STALL_WARNING_S="2", BYTESCHED_STALL_TIMEOUT_S="5")
+    BYTESCHED_STALL_TIMEOUT_S ends every rank, the stuck one included (it loses rank 0). No plan:
+    the Core's path, whose stall check asks the other ranks which of them has not started."""
+    env = fault_env(BYTESCHED_STALL_WARNING_S="2", BYTESCHED_STALL_TIMEOUT_S="5", BYTESCHED_PLAN="0")
     output, exits = launch_until_exits(2, ["--hang-rank", "1"], {0, 1}, env=env)
     leader = rank_output(output, 0)
     assert re.search(r"stall: tensor 'layers\.\d\.(weight|bias)(\+\d+)?' partition 0 of 1 \(started \d+ s ago\) on rank 0 "
                      r"and has not finished: rank\(s\) 1 have not started it", leader), leader[-3000:]
+    assert "BYTESCHED_STALL_TIMEOUT_S=5" in leader, leader[-3000:]
+    assert exits[0][0] != 0 and exits[1][0] != 0, output[-3000:]
+    assert "rank 0 was lost" in rank_output(output, 1), output[-3000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(200)
+def test_stalled_rank_while_passing_through_is_warned_about_and_the_stall_timeout_ends_the_job() -> None:
+    """The same stall once the plan passes the gradients through to Horovod (no sub-task of the
+    Core in flight): rank 0 warns what it waits for, and the stall timeout ends it, then the stuck
+    rank, which loses rank 0."""
+    env = fault_env(BYTESCHED_STALL_WARNING_S="2", BYTESCHED_STALL_TIMEOUT_S="5")
+    output, exits = launch_until_exits(2, ["--hang-rank", "1", "--pass-through"], {0, 1}, env=env)
+    leader = rank_output(output, 0)
+    assert "passing through" in leader, leader[-3000:]
+    assert re.search(r"stall: rank 0 has waited \d+ s for step \d+'s gradients, passing through to Horovod's "
+                     r"all-reduce", leader), leader[-3000:]
     assert "BYTESCHED_STALL_TIMEOUT_S=5" in leader, leader[-3000:]
     assert exits[0][0] != 0 and exits[1][0] != 0, output[-3000:]
     assert "rank 0 was lost" in rank_output(output, 1), output[-3000:]

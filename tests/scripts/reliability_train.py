@@ -1,7 +1,8 @@
 """The soak's training job (:func:`benchmarks.soak.train`) with faults injected on request.
 
 Used by tests/test_reliability_*.py: options make one rank die (SIGKILL), freeze (SIGSTOP) or
-hang in the middle of a backward pass, or perturb one rank's weights (to check BYTESCHED_CHECK).
+hang in the middle of a backward pass, or perturb one rank's weights (to check BYTESCHED_CHECK),
+and can make the start-up plan pass through (``--pass-through``).
 At the end each rank prints ``DONE rank=<r> digest=<sha256> ...``, its non-daemon threads, and
 at the very end of interpreter exit ``EXITED rank=<r> at=<time>``.
 """
@@ -29,7 +30,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--perturb-rank", type=int, default=-1, help="add 1e-3 to a weight of this rank...")
     parser.add_argument("--perturb-step", type=int, default=5, help="...after this step")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step")
+    parser.add_argument("--pass-through", action="store_true",
+                        help="the start-up plan cannot time the all-reduce, so it stays out and passes through")
     return parser.parse_args(argv)
+
+
+def plan_passing_through() -> None:
+    """The start-up plan's measurement fails on every rank: it stays out of the way and passes the
+    gradients through to the framework from step 2."""
+    from bytesched.runtime import start_observer
+
+    def no_measurement(*args: object) -> None:
+        raise RuntimeError("not measured (--pass-through)")
+    start_observer.measure_network = no_measurement  # type: ignore[assignment]
 
 
 def rank() -> int:
@@ -67,5 +80,7 @@ def fault_hooks(args: argparse.Namespace) -> Hooks:
 
 if __name__ == "__main__":
     arguments = parse_args()
+    if arguments.pass_through:
+        plan_passing_through()
     sys.exit(train(arguments.backend, arguments.steps, unscheduled=arguments.unscheduled,
                    delay_ms=arguments.delay_ms, report_every=arguments.report_every, hooks=fault_hooks(arguments)))

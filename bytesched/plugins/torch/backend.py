@@ -16,6 +16,8 @@ import torch
 from bytesched.core import SubTask
 
 if TYPE_CHECKING:
+    from bytesched.runtime.stall_watch import StallWatch
+
     from .fusion import Bucket
     from .passthrough import PassThrough
     from .pipeline import ParamSlot
@@ -72,10 +74,12 @@ class Backend(ABC):
 
     @abstractmethod
     def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
-                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool) -> "PassThrough":
+                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool,
+                     watch: "StallWatch", first_step: int) -> "PassThrough":
         """The library's own gradient path for ``slots`` (fused into ``buckets`` where the library
-        does not fuse by itself), which a ScheduledOptimizer hands its gradients to once its
-        start-up plan stayed out of the way; ``barrier``: backward() waits for it (barrier mode)."""
+        does not fuse by itself), which a ScheduledOptimizer hands its gradients to from step
+        ``first_step`` on, once its start-up plan stayed out of the way; ``barrier``: backward()
+        waits for it (barrier mode); ``watch`` holds its waits to the stall warning and timeout."""
 
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank: how rank 0 tells the others its channel's free port."""

@@ -22,6 +22,8 @@ from .backend import Backend, operation_buffer
 from .fusion import unpack
 
 if TYPE_CHECKING:
+    from bytesched.runtime.stall_watch import StallWatch
+
     from .fusion import Bucket
     from .passthrough import PassThrough
     from .pipeline import ParamSlot
@@ -69,9 +71,11 @@ class DistributedBackend(Backend):
         unpack(summed, grads)
 
     def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
-                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool) -> "PassThrough":
+                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool,
+                     watch: "StallWatch", first_step: int) -> "PassThrough":
         from .passthrough import BucketPassThrough
-        return BucketPassThrough(self, slots, buckets, plain_step, optimizer, passes_per_step, barrier)
+        return BucketPassThrough(self, slots, buckets, plain_step, optimizer, passes_per_step, barrier, watch,
+                                 first_step)
 
     def start(self, task: "GradientTask", sub: SubTask) -> None:
         work = self.all_reduce_async(sub.payload)

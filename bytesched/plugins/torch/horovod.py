@@ -24,6 +24,8 @@ from .backend import Backend, operation_buffer
 from .fusion import unpack
 
 if TYPE_CHECKING:
+    from bytesched.runtime.stall_watch import StallWatch
+
     from .fusion import Bucket
     from .passthrough import PassThrough
     from .pipeline import ParamSlot
@@ -162,9 +164,10 @@ class HorovodBackend(Backend):
         self._optimizer._grad_accs.clear()
 
     def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
-                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool) -> "PassThrough":
+                     plain_step: Callable[..., Any], passes_per_step: int, barrier: bool,
+                     watch: "StallWatch", first_step: int) -> "PassThrough":
         from .passthrough import HorovodPassThrough
-        return HorovodPassThrough(self._optimizer, slots, plain_step, barrier)
+        return HorovodPassThrough(self._optimizer, slots, plain_step, barrier, watch, first_step)
 
     def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         # hvd.DistributedOptimizer's class derives from the user's optimizer class; that class's

@@ -28,6 +28,7 @@ from bytesched.core.config import configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
@@ -321,7 +322,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
 
     def _step_boundary(self) -> None:
         """Step ``self._steps`` is about to begin: switch sizes (and fuse buckets) if the plan or
-        the ranks' tuning says so now.
+        the ranks' tuning says so now; where the plan stays out, pass through or, over
+        torch.distributed, start the buckets in their agreed sequence.
 
         Called at the end of ``step()`` (and once at construction), when every CommTask of the
         step that ended has been enqueued (``release``/``reduce_all`` enqueue those backward
@@ -381,7 +383,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._proxies.remove()
         self._passing = self._backend.pass_through(self._inner, self._pipeline.slots, self._pipeline.buckets,
                                                    self._plain_step, self._passes_per_step,
-                                                   barrier=not self._cross_barrier)
+                                                   barrier=not self._cross_barrier,
+                                                   watch=StallWatch(self._core.config, self._backend.rank),
+                                                   first_step=self._steps)
         log.info("bytesched: the plan stayed out of the way; from step %d on, gradients take %s's own path",
                  self._steps, self._backend.name)
 

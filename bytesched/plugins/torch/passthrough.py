@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from bytesched.runtime.stall_watch import StallWatch
+
 from .fusion import pack
 from .pipeline import ZERO_GRAD_IN_FLIGHT, ParamSlot, clear_grad, computed_again, dense_grad, modified_while_reducing
 
@@ -44,15 +46,22 @@ class PassThrough(ABC):
         optimizer: the wrapped optimizer.
         passes_per_step: backward passes accumulated per step.
         barrier: barrier mode: each step's last backward() returns with reduced gradients.
+        watch: holds each wait for the library's collectives to the stall warning and timeout
+            (the Core, which watches its own sub-tasks, sees none of these).
+        first_step: the optimizer's step at which passing through begins (for messages).
     """
 
     #: Whether the subclass needs to hear of each gradient (else hooks are registered only where
     #: barrier mode needs the end of backward).
     hears_gradients = False
+    #: The library whose path the gradients take, for messages.
+    library = ""
 
     def __init__(self, slots: list[ParamSlot], plain_step: Callable[..., Any], optimizer: torch.optim.Optimizer,
-                 passes_per_step: int, barrier: bool) -> None:
+                 passes_per_step: int, barrier: bool, watch: StallWatch, first_step: int) -> None:
         self._slots = slots
+        self._watch = watch
+        self._step = first_step  # the optimizer's step, for messages
         self._plain_step = plain_step
         self._optimizer = optimizer
         self._passes_per_step = passes_per_step
@@ -86,24 +95,25 @@ class PassThrough(ABC):
         """After a backward pass: reduce its gradients and wait (then they may be modified, and
         step() applies them as they are). At any other time: nothing is pending."""
         if self.round_open and not self._synchronized:
-            self._reduce()
+            self._reduce_watched()
             self._synchronized = True
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Reduce what is not reduced yet, then update."""
         if closure is None:
             if not self._synchronized:
-                self._reduce()
+                self._reduce_watched()
             result = self._plain_step(self._optimizer)
         else:
             def reduced_closure() -> Any:
                 loss = closure()
                 if not self._synchronized:
-                    self._reduce()
+                    self._reduce_watched()
                 self._end_round()
                 return loss
             result = self._plain_step(self._optimizer, reduced_closure)
         self._end_round()
+        self._step += 1
         return result
 
     def zero_grad(self, set_to_none: bool) -> None:
@@ -115,10 +125,16 @@ class PassThrough(ABC):
             clear_grad(slot.param, set_to_none)
 
     def close(self) -> None:
-        """Remove bytesched's hooks."""
+        """Remove bytesched's hooks and stop watching."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        self._watch.close()
+
+    def _reduce_watched(self) -> None:
+        with self._watch.waiting(f"step {self._step}'s gradients, passing through to {self.library}'s "
+                                 f"all-reduce"):
+            self._reduce()
 
     def _end_round(self) -> None:
         self._synchronized = False
@@ -144,9 +160,11 @@ class HorovodPassThrough(PassThrough):
     """hvd.DistributedOptimizer's own hooks all-reduce each gradient (Horovod fuses them by its
     own threshold); its ``synchronize()`` waits for them and reduces those never computed."""
 
+    library = "Horovod"
+
     def __init__(self, optimizer: torch.optim.Optimizer, slots: list[ParamSlot], plain_step: Callable[..., Any],
-                 barrier: bool) -> None:
-        super().__init__(slots, plain_step, optimizer, optimizer.backward_passes_per_step, barrier)
+                 barrier: bool, watch: StallWatch, first_step: int) -> None:
+        super().__init__(slots, plain_step, optimizer, optimizer.backward_passes_per_step, barrier, watch, first_step)
         # The hooks ScheduledOptimizer dropped (HorovodBackend), registered again by Horovod.
         optimizer._register_hooks()
 
@@ -168,10 +186,11 @@ class BucketPassThrough(PassThrough):
     started in one order on every rank: backward's (the reverse of the first forward's reads)."""
 
     hears_gradients = True
+    library = "torch.distributed"
 
     def __init__(self, backend: "DistributedBackend", slots: list[ParamSlot], buckets: list["Bucket"],
                  plain_step: Callable[..., Any], optimizer: torch.optim.Optimizer, passes_per_step: int,
-                 barrier: bool) -> None:
+                 barrier: bool, watch: StallWatch, first_step: int) -> None:
         self._backend = backend
         self._buckets = sorted(buckets, key=lambda bucket: -bucket.priority)
         order = {id(slot): index for index, bucket in enumerate(self._buckets) for slot in bucket.slots}
@@ -182,7 +201,7 @@ class BucketPassThrough(PassThrough):
         # Started buckets: the bucket, its collective, flat buffer, gradients and their versions then.
         self._started: list[tuple["Bucket", Any, torch.Tensor, list[torch.Tensor], list[int]]] = []
         self._counted = False
-        super().__init__(slots, plain_step, optimizer, passes_per_step, barrier)
+        super().__init__(slots, plain_step, optimizer, passes_per_step, barrier, watch, first_step)
 
     @property
     def round_open(self) -> bool:
