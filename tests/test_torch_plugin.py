@@ -43,8 +43,10 @@ class Launch:
 
     def json_lines(self, tag: str, case: str) -> dict[int, dict[str, Any]]:
         """Each rank's ``<tag> {json}`` line for ``case`` (a script's own report), by rank; every
-        rank must have printed one."""
-        reports = [json.loads(m.group(1)) for m in re.finditer(rf"{tag} (\{{.*\}})", self.output)]
+        rank must have printed one. Each object is decoded from where it starts to where it ends,
+        since two ranks' lines can run together (see CASE_RE)."""
+        decoder = json.JSONDecoder()
+        reports = [decoder.raw_decode(self.output, m.end() - 1)[0] for m in re.finditer(rf"{tag} \{{", self.output)]
         by_rank = {r["rank"]: r for r in reports if r["case"] == case}
         assert sorted(by_rank) == list(range(self.ranks)), \
             f"{case}: {tag} from ranks {sorted(by_rank)}; output tail:\n{self.output[-3000:]}"
