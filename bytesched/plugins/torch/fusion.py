@@ -103,6 +103,12 @@ def agree_on_buckets(backend: "Backend", slots: Sequence["ParamSlot"], fusion_by
     return [Bucket(members) for members in buckets]
 
 
+def backward_order(buckets: Sequence[Bucket]) -> list[Bucket]:
+    """``buckets`` in the order backward produces them (the last layer's first): the same on every
+    rank, since priorities come from the first forward pass."""
+    return sorted(buckets, key=lambda bucket: -bucket.priority)
+
+
 def merge_buckets(buckets: Sequence[Bucket], fusion_bytes: float) -> list[Bucket]:
     """``buckets`` merged into runs of consecutive buckets of one kind (group, dtype, device)
     holding at most ``fusion_bytes`` together; a bucket larger than that stays alone. The

@@ -29,7 +29,7 @@ import torch
 
 from bytesched.runtime.stall_watch import StallWatch
 
-from .fusion import pack
+from .fusion import backward_order, pack
 from .pipeline import ZERO_GRAD_IN_FLIGHT, ParamSlot, clear_grad, computed_again, dense_grad, modified_while_reducing
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class BucketPassThrough(PassThrough):
                  plain_step: Callable[..., Any], optimizer: torch.optim.Optimizer, passes_per_step: int,
                  barrier: bool, watch: StallWatch, first_step: int) -> None:
         self._backend = backend
-        self._buckets = sorted(buckets, key=lambda bucket: -bucket.priority)
+        self._buckets = backward_order(buckets)
         order = {id(slot): index for index, bucket in enumerate(self._buckets) for slot in bucket.slots}
         self._bucket_of = [order[id(slot)] for slot in slots]
         self._passes = [0] * len(slots)

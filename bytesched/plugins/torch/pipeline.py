@@ -43,7 +43,7 @@ from bytesched.core.channel import ChannelError
 
 from . import streams
 from .backend import Backend
-from .fusion import Bucket, merge_buckets
+from .fusion import Bucket, backward_order, merge_buckets
 from .task import GradientTask
 from .updates import PartialStep
 
@@ -168,9 +168,8 @@ class UpdatePipeline:
         self._thread.start()
 
     def sequence(self) -> list[str]:
-        """The buckets' task names in the order backward produces them (the last layer's first):
-        the same on every rank, since priorities come from the first forward pass."""
-        return [bucket.name for bucket in sorted(self.buckets, key=lambda bucket: -bucket.priority)]
+        """The buckets' task names in backward's order (:func:`~.fusion.backward_order`)."""
+        return [bucket.name for bucket in backward_order(self.buckets)]
 
     def fuse(self, fusion_bytes: float) -> None:
         """Merge consecutive buckets up to ``fusion_bytes`` each (a plan's word, at a step
