@@ -77,8 +77,13 @@ def test_scheduled_optimizer_tunes_alike_on_every_rank_and_equals_plain_horovod(
     output = tuning_job(log, {"BYTESCHED_PARTITION_BYTES": "1000", "BYTESCHED_CREDIT_BYTES": "3000",
                               "BYTESCHED_FUSION_BYTES": "2500", "BYTESCHED_TUNING_FLOOR": "1000:3000",
                               "BYTESCHED_LOG_LEVEL": "INFO"})
-    # each run's rank 0 measured its step 1 and the all-reduce for the search's first points
-    assert len(re.findall(r"bytesched tuning: warm start measured \d+ gradients", output)) == 2, output[-4000:]
+    # Each run's rank 0 measured its step 1 and the all-reduce for the search's first points. The
+    # model's 1 MB all-reduce is so close to the 4-byte one on loopback that a noisy timing can
+    # come out no slower, which the calibration refuses, naming why: then that run searches cold.
+    measured = len(re.findall(r"bytesched tuning: warm start measured \d+ gradients", output))
+    refused = len(re.findall(r"bytesched tuning: no warm start from the observed step: timing the backend's "
+                             r"all-reduce failed: calibration is inconsistent", output))
+    assert measured >= 1 and measured + refused == 2, output[-4000:]
 
     kept = {(rank, optimizer): sizes for rank, optimizer, sizes
             in re.findall(r"HVD MXNET KEPT rank=(\d) optimizer=(\w+) (.*)", output)}
