@@ -1,7 +1,8 @@
 """``bytesched check-gpu`` on the CPU: the half of the GPU check that runs without a GPU.
 
 Two real ranks over Gloo train the check's CNN with an all-reduce after backward and under
-ScheduledOptimizer (SGD and Adam, barrier mode and crossing the barrier) and must end with the
+ScheduledOptimizer (SGD and Adam, barrier mode and crossing the barrier, through the Core and with
+the start-up plan, which passes through where it stays out) and must end with the
 same bits; then DDP and bytesched are timed, each bytesched round with the plan it made (the figures are
 not judged here: a benchmark's business). Bad options and a check that runs out of time end with an error that names them.
 """
@@ -17,6 +18,8 @@ import pytest
 from conftest import run_job
 
 CHECK = [sys.executable, "-m", "bytesched.plugins.torch.gpucheck"]
+PLAN = r"(no partitioning, no credit limit|\S+ partitions, \S+ credit)(, .*)?"
+"""What a start-up plan's description looks like."""
 
 
 @pytest.mark.multiproc
@@ -28,16 +31,19 @@ def test_the_cpu_half_is_bit_identical_and_reports_every_configuration() -> None
     report = json.loads(result.stdout[re.search(r"^\{", result.stdout, re.MULTILINE).start():])
     assert report["backend"] == "gloo" and report["world_size"] == 2
     cases = {(row["optimizer"], row["mode"]) for row in report["equivalence"]}
-    assert cases == {(o, m) for o in ("sgd", "adam") for m in ("barrier", "cross")}
+    assert cases == {(o, m) for o in ("sgd", "adam") for m in ("barrier", "cross", "barrier+plan", "cross+plan")}
     for row in report["equivalence"]:
         assert row["tensors"] == 8 and row["identical"] == 8 and row["max_abs_diff"] == 0.0, row
+        if row["mode"].endswith("+plan"):  # the plan applied from the third of the six steps
+            assert re.fullmatch(PLAN, row["path"]), row
+        else:
+            assert row["path"] == "the Core, sizes as configured", row
     [timing] = report["timing"]
     assert timing["model"] == "cnn" and timing["gradients"] == 8
     assert all(timing[f"{c}_ms"] > 0 for c in ("ddp", "barrier", "cross"))
     assert timing["cross_vs_ddp"] == pytest.approx(timing["ddp_ms"] / timing["cross_ms"])
     for mode in ("barrier", "cross"):  # each round a job of its own: its plan applied in the warm-up
-        assert re.fullmatch(r"(no partitioning, no credit limit|\S+ partitions, \S+ credit)(, .*)?",
-                            timing[f"{mode}_plan"]), timing
+        assert re.fullmatch(PLAN, timing[f"{mode}_plan"]), timing
 
 
 @pytest.mark.parametrize("argv, message", [

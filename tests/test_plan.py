@@ -290,15 +290,17 @@ def test_staying_out_passes_through_only_where_no_size_is_predicted_to_pay() -> 
     profile = measured_profile(tasks, start=0.0)
     never_sized = 0.99  # a sized plan would need to be predicted 100x faster
 
-    def planned(large_seconds: float) -> Plan:
+    def planned(large_seconds: float, **margin: float) -> Plan:
         network = NetworkCost(0.0002, large_seconds, 16_000_000)
         return make_plan(profile, make_cluster(arch="allreduce", workers=2,
-                                               **network.simulator_options("allreduce", 2)), never_sized)
+                                               **network.simulator_options("allreduce", 2)), never_sized, **margin)
 
     slow, fast = planned(0.130), planned(0.002)
     assert slow.policy == fast.policy == "fifo"
     assert slow.sized_gain > 1 + PASS_THROUGH_MARGIN and not slow.passes_through
     assert fast.sized_gain < 1 + PASS_THROUGH_MARGIN and fast.passes_through
+    # The PyTorch plugin on a GPU: staying out always passes through.
+    assert planned(0.130, pass_through_margin=math.inf).passes_through
 
 
 def test_a_rank0_that_cannot_plan_passes_through(caplog: pytest.LogCaptureFixture) -> None:
@@ -341,8 +343,8 @@ def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
     import bytesched.runtime.plan as plan_module
 
     margins: list[float] = []
-    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin: margins.append(margin) or
-                        make_plan(profile, cluster, margin))
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through: margins.append(margin) or
+                        make_plan(profile, cluster, margin, through))
     core = RecordingCore()
     core.order = order  # type: ignore[misc]
     ps = {"servers": 2, "bigarray_bound": 1_000_000} if arch == "ps" else {}

@@ -44,7 +44,7 @@ from typing import Callable
 from bytesched.core import Config, Core, SchedulingParams
 from bytesched.core.channel import ChannelError
 from bytesched.core.config import UNLIMITED, format_size
-from bytesched.sim.plan import STAY_OUT, STAY_OUT_MARGIN, Plan, make_plan
+from bytesched.sim.plan import PASS_THROUGH_MARGIN, STAY_OUT, STAY_OUT_MARGIN, Plan, make_plan
 
 from .calibration import NetworkCost
 from .lifecycle import Ranks
@@ -130,14 +130,18 @@ class StartupPlan(StartObserver):
             fuses gradients into tasks and can re-fuse them at the plan's step); None: it may not.
             A plan that stays out of the way raises it to :data:`STAY_OUT_FUSION_BYTES`, at most
             a :data:`STAY_OUT_MIN_TASKS`-th of ``model_bytes``.
+        pass_through_margin: the predicted gain of the best sized candidate below which a plan
+            that stays out passes through (:attr:`bytesched.sim.plan.Plan.passes_through`).
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
                  drain: Callable[[], None], servers: int | None = None,
-                 bigarray_bound: int | None = None, fusion_bytes: float | None = None) -> None:
+                 bigarray_bound: int | None = None, fusion_bytes: float | None = None,
+                 pass_through_margin: float = PASS_THROUGH_MARGIN) -> None:
         super().__init__(core, ranks, operation, arch=arch, model_bytes=model_bytes, drain=drain,
                          servers=servers, bigarray_bound=bigarray_bound)
         self._fusion_bytes = fusion_bytes
+        self._pass_through_margin = pass_through_margin
         self.outcome: PlanOutcome | None = None
 
     @property
@@ -197,7 +201,7 @@ class StartupPlan(StartObserver):
         try:
             job = self._observed_job(network, start, end)
             started = time.perf_counter()
-            plan = make_plan(job.profile, job.cluster, self._sized_margin())
+            plan = make_plan(job.profile, job.cluster, self._sized_margin(), self._pass_through_margin)
             seconds = time.perf_counter() - started
         except Exception as exc:  # nothing observed, or the simulator refused the measurements
             return self._stay_out(f"no plan could be made: {exc}")

@@ -69,6 +69,8 @@ class Plan:
     """The same short simulation's iteration time under ``fifo``: what the choice is weighed against."""
     best_sized_iteration_time: float
     """The same under the fastest sized candidate, chosen or not."""
+    pass_through_margin: float = PASS_THROUGH_MARGIN
+    """The predicted gain of the fastest sized candidate below which staying out passes through."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -82,8 +84,8 @@ class Plan:
 
     @property
     def passes_through(self) -> bool:
-        """It stays out, and no size was predicted to gain :data:`PASS_THROUGH_MARGIN` either."""
-        return self.policy == "fifo" and self.sized_gain < 1 + PASS_THROUGH_MARGIN
+        """It stays out, and no size was predicted to gain :attr:`pass_through_margin` either."""
+        return self.policy == "fifo" and self.sized_gain < 1 + self.pass_through_margin
 
     def describe(self) -> str:
         """One line for a log: what was chosen."""
@@ -93,9 +95,11 @@ class Plan:
                 f"{self.params.credit_bytes / 1e6:g} MB credit")
 
 
-def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_MARGIN) -> Plan:
+def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_MARGIN,
+              pass_through_margin: float = PASS_THROUGH_MARGIN) -> Plan:
     """The fastest candidate for ``profile`` on ``cluster``: fifo unless a sized one is predicted
-    faster by ``margin`` (a fraction of fifo's iteration time)."""
+    faster by ``margin`` (a fraction of fifo's iteration time); staying out passes through unless
+    a sized one is predicted faster by ``pass_through_margin``."""
     def seconds(policy: str, params: SchedulingParams) -> float:
         return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS,
                    warmup=SEARCH_WARMUP).iteration_time
@@ -104,5 +108,5 @@ def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_
     params, best = min(((params, seconds("bytescheduler", params)) for params in candidate_sizes()),
                        key=lambda candidate: candidate[1])
     if best < (1 - margin) * stay_out:
-        return Plan("bytescheduler", params, best, stay_out, best)
-    return Plan("fifo", STAY_OUT, stay_out, stay_out, best)
+        return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin)
+    return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)

@@ -6,8 +6,11 @@ two ranks on one device), or NCCL with one GPU each when there are two or more. 
 
 1. *Equivalence*: a small CNN trains for a few steps with a hand-written all-reduce of every
    gradient after backward, and again under ScheduledOptimizer, for SGD and Adam in barrier mode
-   and crossing the barrier, under deterministic kernels, with partitions small enough to split
-   every large gradient. Two-rank sums are exact, so the parameters must be bit-identical.
+   and crossing the barrier, under deterministic kernels: through the Core with partitions small
+   enough to split every large gradient, and with no settings, where the start-up plan applies
+   from the third step (for so small a model it stays out and passes through, so the switch and
+   the framework's own path are checked too). Two-rank sums are exact, so the parameters must be
+   bit-identical.
 2. *Speed*: per model, milliseconds per iteration of DistributedDataParallel, of bytesched in
    barrier mode and of bytesched crossing the barrier, each on its own copy of the model, in
    interleaved rounds (every round runs each once, in a rotating order): the median over rounds
@@ -184,36 +187,56 @@ class _AllreduceThenStep:
         pass
 
 
+EQUIVALENCE_MODES = (("barrier", False, False), ("cross", True, False),
+                     ("barrier+plan", False, True), ("cross+plan", True, True))
+"""(mode, crossing the barrier, start-up plan): without the plan, partitions small enough to split
+every large gradient go through the Core; with it (no settings, as a user runs), the plan made in
+the first steps applies from the third, where it usually stays out and passes through."""
+
+
 def _equivalence(device: torch.device, steps: int) -> list[dict[str, Any]]:
-    """Final parameters of the baseline and of bytesched, per optimizer and mode."""
+    """Final parameters of the baseline and of bytesched, per optimizer and mode, and the path
+    bytesched's gradients took last."""
     torch.use_deterministic_algorithms(True)
     saved = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    config = dataclasses.replace(from_env(), params=SchedulingParams(partition_bytes=EQUIVALENCE_PARTITION_BYTES),
-                                 plan=False)
-    shutdown()  # a Core with this configuration
+    split = dataclasses.replace(from_env(), params=SchedulingParams(partition_bytes=EQUIVALENCE_PARTITION_BYTES),
+                                plan=False)
     results = []
     try:
         for name, make in _OPTIMIZERS.items():
-            for mode, cross in (("barrier", False), ("cross", True)):
+            for mode, cross, planned in EQUIVALENCE_MODES:
+                shutdown()  # a Core of this mode's own
                 torch.manual_seed(0)
                 base = _SmallCNN().to(device)
                 reference, model = copy.deepcopy(base), copy.deepcopy(base)
                 _train(reference, _AllreduceThenStep(make(reference.parameters())), device, steps)
-                optimizer = ScheduledOptimizer(model, make(model.parameters()), cross_barrier=cross, config=config)
+                optimizer = ScheduledOptimizer(model, make(model.parameters()), cross_barrier=cross,
+                                               config=from_env() if planned else split)
                 try:
                     _train(model, optimizer, device, steps)
+                    path = _path(optimizer)
                 finally:
                     optimizer.close()
                 pairs = [(a.detach(), b.detach()) for a, b in zip(reference.parameters(), model.parameters())]
                 results.append({"optimizer": name, "mode": mode, "steps": steps, "tensors": len(pairs),
                                 "identical": sum(bool(torch.equal(a, b)) for a, b in pairs),
-                                "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs)})
+                                "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs), "path": path})
     finally:
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
         shutdown()
     return results
+
+
+def _path(optimizer: ScheduledOptimizer) -> str:
+    """Where the optimizer's gradients go now: its plan, and where the optimizer did otherwise."""
+    if optimizer.plan is None:
+        return "the Core, sizes as configured"
+    path = optimizer.plan.describe()
+    if optimizer.plan.passes_through != optimizer.passes_through:
+        path += "; this optimizer " + ("passes through" if optimizer.passes_through else "stays on the Core")
+    return path
 
 
 def _train(model: nn.Module, optimizer: Any, device: torch.device, steps: int) -> None:
@@ -277,14 +300,14 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
                 _iterations(models[config], optimizer, inputs, options.warmup)
                 _landed(optimizer, device)
                 times[config].append(_timed_iterations(models[config], optimizer, inputs, options.steps, device))
-                plans[config] = "(no plan)" if optimizer.plan is None else optimizer.plan.describe() + \
-                    (", passing through" if optimizer.passes_through else "")
+                plans[config] = _path(optimizer)
             finally:
                 optimizer.close()
     shutdown()
     result: dict[str, Any] = {"model": name, "batch": options.batch, "gradients": len(list(base.parameters())),
                               **{f"{config}_ms": statistics.median(times[config]) for config in CONFIGURATIONS},
-                              **{f"{config}_plan": plans[config] for config in ("barrier", "cross")}}
+                              **{f"{config}_plan": plans[config] for config in ("barrier", "cross")},
+                              "rounds_ms": times}
     for config in ("barrier", "cross"):
         result[f"{config}_vs_ddp"] = result["ddp_ms"] / result[f"{config}_ms"]
     del ddp, models, sgds
@@ -324,12 +347,12 @@ def format_report(report: dict[str, Any]) -> str:
     """The two tables, as text."""
     lines = [f"bytesched GPU check: {report['world_size']} ranks on {report['device']} over {report['backend']}, "
              f"torch {report['torch']}", "",
-             f"Equivalence with an all-reduce after backward ({EQUIVALENCE_PARTITION_BYTES} B partitions, "
-             "deterministic kernels):",
-             f"{'optimizer':<10}{'mode':<9}{'identical tensors':>19}{'max |diff|':>12}"]
+             "Equivalence with an all-reduce after backward (deterministic kernels; without the plan, "
+             f"{EQUIVALENCE_PARTITION_BYTES} B partitions):",
+             f"{'optimizer':<10}{'mode':<14}{'identical tensors':>19}{'max |diff|':>12}  path at the end"]
     for row in report["equivalence"]:
-        lines.append(f"{row['optimizer']:<10}{row['mode']:<9}{row['identical']:>11}/{row['tensors']:<7}"
-                     f"{row['max_abs_diff']:>12.3g}")
+        lines.append(f"{row['optimizer']:<10}{row['mode']:<14}{row['identical']:>11}/{row['tensors']:<7}"
+                     f"{row['max_abs_diff']:>12.3g}  {row['path']}")
     lines += ["", "Milliseconds per iteration (median of rounds; ratio: DDP's time / bytesched's, >1 is faster;",
               "each bytesched round a job of its own, with no settings: its start-up plan runs in the warm-up):",
               f"{'model':<13}{'batch':>6}{'grads':>7}{'DDP':>9}{'barrier':>9}{'ratio':>7}{'crossing':>10}{'ratio':>7}"]
