@@ -13,7 +13,8 @@ plan keeps on the CPU; not for mxnet-ps). bytesched runs
 with no other settings, so the start-up plan picks its sizes, as for a user who sets none. A plan
 that stays out passes every gradient to the framework's own path, so those modes measure that
 path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through the Core that
-a plan with sizes, or tuning, takes. Reported per
+a plan with sizes, or tuning, takes; ``off`` (``BYTESCHED_POLICY=off``, default fusion) the
+framework's own path from the first step. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
 (every thread's, voluntary and not: each time a thread blocks, on the GIL, a lock, a queue or the
@@ -45,7 +46,8 @@ from .provenance import revision
 
 FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
 MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_BYTES": "1"}, "fused": {},
-                                   "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0"}}
+                                   "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0"},
+                                   "off": {"BYTESCHED_POLICY": "off"}}
 """Each mode and the environment its job runs with, over the caller's."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
@@ -292,9 +294,10 @@ def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]
     return [str(torchrun), "--nproc-per-node", str(ranks), "--master-port", str(port), "-m", module, *worker_args]
 
 
-def modes_of(framework: str) -> tuple[str, ...]:
-    """The modes run for ``framework``."""
-    return tuple(mode for mode in MODES if not (mode == "fused" and framework in UNFUSED_ONLY))
+def modes_of(framework: str, chosen: tuple[str, ...] = tuple(MODES)) -> tuple[str, ...]:
+    """The ``chosen`` modes that run for ``framework``, ``plain`` always."""
+    return tuple(mode for mode in MODES if (mode == "plain" or mode in chosen)
+                 and not (mode == "fused" and framework in UNFUSED_ONLY))
 
 
 def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict[str, Any]:
@@ -322,14 +325,16 @@ def main(args: argparse.Namespace) -> int:
     echo = (lambda text: print(text, file=sys.stderr, flush=True)) if args.json else \
         (lambda text: print(text, flush=True))
     frameworks = args.frameworks.split(",")
-    unknown = set(frameworks) - set(FRAMEWORKS)
-    if unknown or args.rounds < 1 or args.layers < 1:
+    chosen = tuple(args.modes.split(","))
+    if set(frameworks) - set(FRAMEWORKS) or set(chosen) - set(MODES) or args.rounds < 1 or args.layers < 1:
         raise SystemExit(f"python -m benchmarks overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
-                         f"{args.frameworks!r}); --rounds and --layers must be >= 1")
-    runs: dict[str, dict[str, list[JobResult]]] = {f: {mode: [] for mode in modes_of(f)} for f in frameworks}
+                         f"{args.frameworks!r}), --modes {','.join(MODES)} (got {args.modes!r}); --rounds and "
+                         "--layers must be >= 1")
+    runs: dict[str, dict[str, list[JobResult]]] = {f: {mode: [] for mode in modes_of(f, chosen)}
+                                                   for f in frameworks}
     for framework in frameworks:
         for round_ in range(1, args.rounds + 1):
-            for mode in modes_of(framework):
+            for mode in runs[framework]:
                 job = run_job(framework, mode, args)
                 runs[framework][mode].append(job)
                 echo(f"{framework} round {round_}/{args.rounds}: {mode:8s} {job.ms_per_step:8.2f} ms/step, "
@@ -338,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
     tensors = 2 * args.layers
     command = ["python", "-m", "benchmarks", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
         if "overhead" in sys.argv else sys.argv
-    settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds")}
+    settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds", "modes")}
     result = {"command": shlex.join(command), "revision": revision(), "tensors": tensors, "settings": settings,
               "results": summarize(runs, tensors),
               "runs": {f: {mode: [job._asdict() for job in jobs] for mode, jobs in modes.items()}
@@ -371,6 +376,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per job (default 50)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="jobs per mode (default 3)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"of {', '.join(MODES)} (default all; plain always runs)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     parser.set_defaults(func=main)
 

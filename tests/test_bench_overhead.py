@@ -31,7 +31,8 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
 def test_every_mode_runs_on_two_ranks(framework: str) -> None:
     """MXNet over Horovod (horovodrun), PyTorch over torch.distributed against DDP (torchrun), and
     the MXNet parameter server (bytesched launch; no fused mode: the KVStore does not fuse). Every
-    stack, which passes through where the plan stays out, also runs through the Core."""
+    stack, which passes through where the plan stays out, also runs through the Core, and with
+    scheduling off."""
     if framework == "mxnet":
         require("horovod.mxnet", "Horovod built with MXNet")
     if framework == "mxnet-ps":
@@ -41,9 +42,11 @@ def test_every_mode_runs_on_two_ranks(framework: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(result.stdout[result.stdout.index("{"):])
     assert report["tensors"] == 6 and report["command"].startswith("python -m benchmarks overhead")
-    assert set(report["runs"][framework]) == {"mxnet-ps": {"plain", "unfused", "core"},
-                                              "mxnet": {"plain", "unfused", "fused", "core"},
-                                              "torch-distributed": {"plain", "unfused", "fused", "core"}}[framework]
+    assert set(report["runs"][framework]) == {"mxnet-ps": {"plain", "unfused", "core", "off"},
+                                              "mxnet": {"plain", "unfused", "fused", "core", "off"},
+                                              "torch-distributed": {"plain", "unfused", "fused", "core", "off"}}[framework]
     for jobs in report["runs"][framework].values():
         [job] = jobs
         assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job
+    assert report["runs"][framework]["off"][0]["passes_through"]  # BYTESCHED_POLICY=off, from the first step
+    assert not report["runs"][framework]["core"][0]["passes_through"]

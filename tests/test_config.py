@@ -81,3 +81,18 @@ def test_every_variable_is_documented() -> None:
 
 def test_format_size() -> None:
     assert [format_size(x) for x in (UNLIMITED, 4_000_000, 1500, 12)] == ["inf", "4MB", "1.5KB", "12B"]
+
+
+def test_policy_off_switches_scheduling_off_and_refuses_what_only_scheduling_reads() -> None:
+    """BYTESCHED_POLICY=off: no scheduling, no plan, a fifo Core; sizes or tuning with it would be
+    silently ignored, so they are refused naming both settings."""
+    config = from_env({"BYTESCHED_POLICY": "off"})
+    assert (config.scheduling, config.plan, config.policy) == (False, False, "fifo")
+    assert from_env({}).scheduling
+    for extra, culprit in [({"BYTESCHED_PARTITION_BYTES": "1MB"}, "BYTESCHED_PARTITION_BYTES"),
+                           ({"BYTESCHED_CREDIT_BYTES": "1MB"}, "BYTESCHED_CREDIT_BYTES"),
+                           ({"BYTESCHED_TUNING": "1"}, "BYTESCHED_TUNING")]:
+        with pytest.raises(ConfigError, match=f"BYTESCHED_POLICY=off.*{culprit}"):
+            from_env({"BYTESCHED_POLICY": "off", **extra})
+    with pytest.raises(ConfigError, match="or off in BYTESCHED_POLICY, which sets scheduling=False"):
+        Config(policy="off")

@@ -117,6 +117,20 @@ def test_tuning_without_a_floor_searches_a_lattice_fitted_to_the_trainers_parame
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
+def test_with_scheduling_off_every_update_all_reduces_with_horovods_own_call() -> None:
+    """BYTESCHED_POLICY=off: from the first update Horovod's own all-reduce runs, the Core starts
+    no sub-task, and the weights equal plain Horovod's."""
+    require("horovod.mxnet", "Horovod built with MXNet")
+    result = run_job([require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "4"],
+                     timeout=120, env={**os.environ, "BYTESCHED_POLICY": "off"})
+    assert result.returncode == 0, result.stdout[-4000:]
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+)", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0", "0"), ("EQUAL", "1", "0")], result.stdout[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
 def test_with_no_sizes_set_every_rank_applies_rank0s_start_up_plan_at_step_2() -> None:
     """No BYTESCHED_*_BYTES: the start-up plan observes step 1 of each scheduled run, rank 0
     simulates it on the timed all-reduce and logs its choice, and both ranks apply the same sizes

@@ -220,6 +220,19 @@ def test_a_plan_that_stays_out_passes_striped_keys_through_exactly(plain: Path, 
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(TWO_JOBS)
+def test_with_scheduling_off_every_operation_passes_through_from_the_first(plain: Path, tmp_path: Path) -> None:
+    """BYTESCHED_POLICY=off: no plan and no CommTask; every push+pull is the wrapped store's own
+    from the first step, striped keys on fenced avatars as when a plan stays out, with worker 1
+    pushing in reverse with pauses: the plain store's weights, bit for bit."""
+    output = launch(tmp_path, "--store", "scheduled", "--skew",
+                    env={"MXNET_KVSTORE_BIGARRAY_BOUND": "500", "BYTESCHED_POLICY": "off"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    assert plans(output) == [("0", "0", "none", "immediate")] * 2, output[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
 def test_a_sized_plan_repartitions_every_worker_at_step_2_and_restores_rank0_order(plain: Path,
                                                                                    tmp_path: Path) -> None:
     """Rank 0's simulation replaced by one that picks 1,000-byte partitions under a 2,000-byte

@@ -117,7 +117,7 @@ DEADLOCK = [f"no_deadlock/seed={seed}" for seed in range(50)]
 PASSING = ["pass/sgd", "pass/adam", "pass/lr_scheduler", "pass/model.zero_grad", "pass/synchronize_clip",
            "pass/synchronize_amp_clip", "pass/backward_passes_per_step=2", "pass/barrier",
            "pass/barrier_clip_without_synchronize", "pass/barrier_amp_without_synchronize",
-           "pass/barrier_backward_passes_per_step=2"]
+           "pass/barrier_backward_passes_per_step=2", "off/adam", "off/barrier_clip_without_synchronize"]
 
 
 # ------------------------------------------------------------------------------------- Horovod
@@ -163,7 +163,8 @@ def test_horovod_unsupported_cases_name_the_escape_hatch(hvd2: Launch) -> None:
 @pytest.mark.timeout(480)
 def test_horovod_passes_through_once_the_plan_stays_out(hvd2: Launch) -> None:
     """A plan that stays out hands the gradients to hvd.DistributedOptimizer's own hooks from its
-    step on: the same bits as plain Horovod under every loop habit, and LBFGS in barrier mode."""
+    step on: the same bits as plain Horovod under every loop habit, and LBFGS in barrier mode; with
+    scheduling off (BYTESCHED_POLICY=off), from the first step."""
     hvd2.check([*PASSING, "pass/lbfgs_in_barrier_mode"])
 
 
@@ -202,8 +203,8 @@ def test_distributed_tied_habits_checkpoint_and_eval(dist2: Launch) -> None:
 @pytest.mark.timeout(480)
 def test_distributed_passes_through_once_the_plan_stays_out(dist2: Launch) -> None:
     """A plan that stays out all-reduces the buckets from backward's hooks in one order on every
-    rank from its step on: the same bits as the hand-written all-reduce under every loop habit; a
-    gradient clipped while in flight is named."""
+    rank from its step on: the same bits as the hand-written all-reduce under every loop habit (with
+    scheduling off, from the first step); a gradient clipped while in flight is named."""
     dist2.check([*PASSING, "pass/clip_without_synchronize"])
 
 

@@ -19,6 +19,10 @@ log = logging.getLogger("bytesched")
 
 POLICIES = ("bytescheduler", "fifo", "p3", "prophet")
 """The policies a job can run (``BYTESCHED_POLICY``)."""
+OFF = "off"
+"""``BYTESCHED_POLICY=off``: no scheduling (:attr:`Config.scheduling` is False)."""
+SCHEDULING_OFF = f"scheduling is off (BYTESCHED_POLICY={OFF})"
+"""How messages name that setting."""
 SIMULATED_POLICIES = (*POLICIES, "tictac")
 """The policies the simulator can run: TicTac orders transfers from the model's computation graph
 with op durations, which only the simulator builds (from its profile), so it is simulator-only."""
@@ -128,11 +132,35 @@ class Config:
     tuning_profile: str | None = None
     tuning_bandwidth: str | None = None
     tuning_floor: tuple[int, int] | None = None  # None: the architecture's own lattice
+    scheduling: bool = True
+    """False (``BYTESCHED_POLICY=off``): every plugin hands its gradients to the framework's own
+    path from the first step, as after a start-up plan that stays out and passes through, so a job
+    can take bytesched out without changing its code. Its Core is made (with ``fifo``) but is given
+    no task."""
 
     def __post_init__(self) -> None:
         _check_runtime_policy("policy", self.policy)
         if self.order not in ORDER_MODES:
             raise ConfigError(f"order={self.order!r} is unknown: expected one of {', '.join(ORDER_MODES)}")
+        if not self.scheduling:
+            _check_nothing_to_schedule(self)
+
+    def with_params(self, params: SchedulingParams) -> "Config":
+        """A copy with other scheduling parameters (configs are immutable)."""
+        return replace(self, params=params)
+
+
+def _check_nothing_to_schedule(config: Config) -> None:
+    """Scheduling is off: settings that only scheduling reads would be silently ignored."""
+    off = SCHEDULING_OFF
+    if config.tuning or config.tuning_load:
+        raise ConfigError(f"{off}, so there is nothing to tune: unset BYTESCHED_TUNING and BYTESCHED_TUNING_LOAD, "
+                          "or choose a policy")
+    if config.params != SchedulingParams():
+        raise ConfigError(f"{off}, so nothing is partitioned or held back: unset BYTESCHED_PARTITION_BYTES and "
+                          "BYTESCHED_CREDIT_BYTES, or choose a policy")
+    if config.policy != "fifo":
+        raise ConfigError(f"{off}: its Core runs fifo, not {config.policy!r}")
 
     def with_params(self, params: SchedulingParams) -> "Config":
         """A copy with other scheduling parameters (configs are immutable)."""
@@ -174,12 +202,14 @@ def _check_runtime_policy(name: str, value: str) -> None:
                           "only the simulator builds (`bytesched simulate --policy tictac`); a job can run one of "
                           + ", ".join(POLICIES))
     if value not in POLICIES:
-        raise ConfigError(f"{name}={value!r} is unknown: expected one of {', '.join(POLICIES)}")
+        raise ConfigError(f"{name}={value!r} is unknown: expected one of {', '.join(POLICIES)}"
+                          + (f" (or {OFF} in BYTESCHED_POLICY, which sets scheduling=False)" if value == OFF else ""))
 
 
 def _runtime_policy(name: str, text: str) -> str:
     value = text.strip().lower()
-    _check_runtime_policy(name, value)
+    if value != OFF:
+        _check_runtime_policy(name, value)
     return value
 
 
@@ -254,7 +284,8 @@ VARIABLES: tuple[Variable, ...] = (
              "Unset, a start-up plan that stays out of the way fuses the PyTorch plugin's tasks on a GPU up "
              "to 25MB."),
     Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
-             "Scheduling policy: " + ", ".join(POLICIES) + "."),
+             "Scheduling policy: " + ", ".join(POLICIES) + f"; or {OFF}: no scheduling, every plugin hands its "
+             "gradients to the framework's own path from the first step (no start-up plan, sizes or tuning)."),
     Variable("BYTESCHED_ORDER", "order", _choice(ORDER_MODES), "auto",
              "Cross-rank order: rank0 (followers obey rank 0's start order over the channel), "
              "immediate (followers start when ready; the backend negotiates order, e.g. Horovod), "
@@ -371,6 +402,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
     values.setdefault("plan", True)
     if params:  # explicit sizes win over the plan
         values["plan"] = False
+    if values.get("policy") == OFF:
+        values.update(policy="fifo", scheduling=False, plan=False)
     values["fusion_fixed"] = "fusion_bytes" in values
     return Config(params=SchedulingParams(**params), **values)
 
@@ -430,7 +463,7 @@ def configure_logging(config: Config) -> None:
 
 
 __all__ = [
-    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "POLICIES", "SIMULATED_POLICIES", "ORDER_MODES",
+    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "OFF", "SCHEDULING_OFF", "POLICIES", "SIMULATED_POLICIES", "ORDER_MODES",
     "VARIABLES", "from_env", "parse_size", "format_size", "describe_variables",
     "register_variables", "configure_logging",
 ]

@@ -157,8 +157,11 @@ OPTIMIZERS: dict[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]
 
 def config(params: SchedulingParams = SchedulingParams(), policy: str = "bytescheduler", plan: bool = False) -> Config:
     """The environment's configuration (channel port, job token) with these scheduling settings;
-    ``plan``: the start-up plan runs (it then sets the sizes)."""
+    ``plan``: the start-up plan runs (it then sets the sizes); ``policy="off"``: no scheduling
+    (what ``BYTESCHED_POLICY=off`` makes)."""
     fused = {"fusion_bytes": SPLIT_FUSION_BYTES} if params == SPLIT else {}
+    if policy == core.OFF:
+        return dataclasses.replace(core.from_env(), policy="fifo", scheduling=False, plan=False, **fused)
     return dataclasses.replace(core.from_env(), params=params, policy=policy, plan=plan, **fused)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from bytesched.core import SchedulingParams
+from bytesched.core import OFF, SchedulingParams
 from bytesched.runtime import start_observer
 from bytesched.plugins.torch import ScheduledOptimizer
 from torch_harness import OPTIMIZERS, SPLIT, STEPS, Reporter, config, load, new_model, save, snapshot, train
@@ -143,6 +143,8 @@ def run_scheduled(flavor: Flavor, model_name: str, opt_name: str, params: Schedu
     with plan_staying_out() if passing else contextlib.nullcontext():
         optimizer = flavor.scheduled(model, OPTIMIZERS[opt_name](model.parameters()), params, policy, cross_barrier,
                                      plan=passing, **(options or {}))
+        if policy == OFF and not optimizer.passes_through:
+            raise AssertionError("scheduling is off but the optimizer does not pass through from its construction")
         train(model, optimizer, model_name, flavor.rank, scheduler=scheduler(optimizer) if scheduler else None,
               **train_kwargs)
     if passing and not optimizer.passes_through:
@@ -219,7 +221,8 @@ def passing_through(report: Reporter, flavor: Flavor) -> None:
     """Once a plan stays out, the library's own path trains what the baseline trains, under the
     same training-loop habits as the Core's path (plain step, synchronize() and clipping or AMP,
     gradient accumulation, an LR scheduler, model.zero_grad(), barrier mode without synchronize()).
-    SPLIT's small fusion bound gives several buckets, which torch.distributed starts in order."""
+    SPLIT's small fusion bound gives several buckets, which torch.distributed starts in order.
+    ``off/*``: with scheduling off, the same path from the first step."""
     clip = dict(synchronize=True, clip=0.5)
     amp = dict(synchronize=True, amp=True, clip=1.0)
     passes = dict(options=dict(backward_passes_per_step=2), passes=2)
@@ -236,9 +239,12 @@ def passing_through(report: Reporter, flavor: Flavor) -> None:
         "pass/barrier_amp_without_synchronize": ("sgd", amp, dict(cross_barrier=False, synchronize=False)),
         "pass/barrier_backward_passes_per_step=2": ("sgd", passes, dict(cross_barrier=False)),
     }
-    for name, (opt_name, common, only_scheduled) in cases.items():
+    # BYTESCHED_POLICY=off: the same path from the first step, with no plan.
+    runs = [(name, case, dict(passing=True)) for name, case in cases.items()] + \
+        [(f"off/{name}", cases[f"pass/{name}"], dict(policy=OFF)) for name in ("adam", "barrier_clip_without_synchronize")]
+    for name, (opt_name, common, only_scheduled), how in runs:
         report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", opt_name, **common),
-                                             run_scheduled(flavor, "cnn", opt_name, SPLIT, passing=True,
+                                             run_scheduled(flavor, "cnn", opt_name, SPLIT, **how,
                                                            **{**common, **only_scheduled})))
 
 

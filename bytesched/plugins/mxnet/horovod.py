@@ -30,7 +30,8 @@ optimizer is all-reduced with Horovod's own call (``DistributedOptimizer._do_all
 names, its fusion, no CommTask, proxy or Core) just before that group's update, so the job runs
 as plain Horovod does. Staying out through the Core (every gradient whole, started the moment it
 is ready) ran the emulated ResNet50 and VGG16 on 2 ranks at 10 Gbit/s at 0.985x-0.989x of plain
-Horovod: the Core's work per tensor, with nothing to schedule.
+Horovod: the Core's work per tensor, with nothing to schedule. With ``BYTESCHED_POLICY=off`` it
+passes through from the first update.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import numpy as np
 
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
-from bytesched.core.config import configure_logging, from_env
+from bytesched.core.config import SCHEDULING_OFF, configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
@@ -92,7 +93,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._step = -1
         self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
         self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
-        self._passes_through = False
+        self._passes_through = not self._config.scheduling  # BYTESCHED_POLICY=off: Horovod's own path throughout
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_hvd" not in self.__dict__:
@@ -113,7 +114,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
 
     @property
     def passes_through(self) -> bool:
-        """The plan stayed out of the way, and Horovod's own all-reduce runs (module doc)."""
+        """The plan stayed out of the way (or scheduling is off), and Horovod's own all-reduce runs
+        (module doc)."""
         return self._passes_through
 
     @property
@@ -126,6 +128,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         """New partition and credit sizes, from the next all-reduce on (call it at the same step
         on every rank: the partitions' names and shapes must match across ranks); this ends
         passing through."""
+        if not self._config.scheduling:
+            raise bcore.ConfigError(f"set_params: {SCHEDULING_OFF}, so there are no sizes to set")
         self._passes_through = False
         self._core.set_params(params)
         size = params.partition_bytes

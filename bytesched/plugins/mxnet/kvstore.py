@@ -78,7 +78,8 @@ out, so the choice and what runs agree. On 2 workers over loopback passing throu
 key over the plain store, where the Core's path added 158 us (the overhead benchmark,
 docs/benchmarks.md). :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
 The Core runs in ``rank0`` mode (and opens the channel) from the start, as under tuning, since a
-sized plan sets a credit.
+sized plan sets a credit. With ``BYTESCHED_POLICY=off`` the keys are laid out as the plan lays
+them out and every operation passes through from the first.
 
 Tuning (``BYTESCHED_TUNING`` / ``BYTESCHED_TUNING_LOAD``). Every worker drives a
 :class:`~bytesched.tuning.TuningSession` over the rank-0 channel: at each step boundary (see
@@ -107,7 +108,7 @@ from mxnet.kvstore import KVStoreBase
 
 from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
-from bytesched.core.config import UNLIMITED, configure_logging, from_env
+from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, from_env
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
 from bytesched.core.timeline import open_timeline
 from bytesched.runtime.channel_ranks import ChannelRanks
@@ -266,7 +267,7 @@ class ScheduledKVStore(KVStoreBase):
         tuning = bool(self.config.tuning or self.config.tuning_load)
         self._plan_wanted = _synchronous(kvstore.type) and wants_plan(self.config, self.world_size)
         # Planned: keys are laid out whole, as the steps before the plan send them (module doc).
-        self._partition_bytes = (UNLIMITED if self._plan_wanted
+        self._partition_bytes = (UNLIMITED if self._plan_wanted or not self.config.scheduling
                                  else partition_size(self.config.policy, self.config.params))
         self._resized = tuning or self._plan_wanted
         self.order = _order_for(kvstore.type, self.config, self.world_size, self._resized)
@@ -304,7 +305,8 @@ class ScheduledKVStore(KVStoreBase):
         self._sizes = SizeSwitches()  # its plan or tuning session is made at the first push or pull
         self._switched_step = -1  # the last step the plan or tuning session was told about
         self._timing_parts: dict[int, Part] = {}  # the start-up plan's timed keys
-        self._passthrough = False  # the plan stayed out: operations go to the wrapped store directly
+        # The plan stayed out, or scheduling is off: operations go to the wrapped store directly.
+        self._passthrough = not self.config.scheduling
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
         self._prepared: dict[tuple[str, UserKey], tuple[Any, _Passed]] = {}  # _pass_through's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
@@ -338,8 +340,8 @@ class ScheduledKVStore(KVStoreBase):
 
     @property
     def passes_through(self) -> bool:
-        """The plan stayed out of the way, and every operation goes to the wrapped store's own
-        call (module doc, "Start-up plan")."""
+        """The plan stayed out of the way (or scheduling is off), and every operation goes to the
+        wrapped store's own call (module doc, "Start-up plan")."""
         return self._passthrough
 
     @property
@@ -453,6 +455,8 @@ class ScheduledKVStore(KVStoreBase):
         """New partition and credit sizes. The credit applies now; a new partition size
         re-partitions the server keys at step ``at_step`` (default: the next step), which every
         worker must be given alike (a step is one round of push/pull over the keys)."""
+        if not self.config.scheduling:
+            raise bcore.ConfigError(f"set_params: {SCHEDULING_OFF}, so there are no sizes to set")
         if at_step is not None and at_step <= self.step:
             raise ValueError(f"at_step={at_step} has passed (this worker is at step {self.step})")
         if self._passthrough or (self._core.start_order != self.order and params != STAY_OUT):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from bytesched.core import Config, Core, SchedulingParams, from_env
-from bytesched.core.config import configure_logging, format_size
+from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
@@ -98,11 +98,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._cross_barrier = cross_barrier
         self._plain_step = backend.step_function(optimizer)
         self._core = start_core(config, backend)
-        if backend.order == "rank0" and any(other._core is self._core and other.passes_through for other in _live):
-            raise RuntimeError("another ScheduledOptimizer on this bytesched Core passes its gradients to "
-                               f"{backend.name} in its own order (its start-up plan stayed out of the way), which "
-                               "this one's collectives would interleave with: create every ScheduledOptimizer "
-                               "before the first step, close that one first, or set BYTESCHED_PLAN=0")
+        _check_one_path(self._core, backend, passing=not config.scheduling)
         self._pipeline = UpdatePipeline(slots, buckets, backend, self._core,
                                         PartialStep(optimizer, self._plain_step), passes)
         sink = self._core.timeline
@@ -132,6 +128,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes, warm),
                                    planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
+        if not config.scheduling:
+            self._pass_through(SCHEDULING_OFF)
         self._closed = False
         self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
         self._waiting_for_backward = False
@@ -241,8 +239,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
 
     @property
     def passes_through(self) -> bool:
-        """The plan stayed out of the way, and the library's own gradient path runs
-        (:mod:`.passthrough`)."""
+        """The plan stayed out of the way (or scheduling is off), and the library's own gradient
+        path runs (:mod:`.passthrough`)."""
         return self._passing is not None
 
     @property
@@ -346,7 +344,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         if plan is None or plan.params != STAY_OUT:
             return
         if plan.passes_through and (self._backend.order != "rank0" or self._alone_on_core()):
-            self._pass_through()
+            self._pass_through("the plan stayed out of the way")
         elif self._core.order == "rank0" and self._alone_on_core():  # the merged buckets' sequence
             self._core.start_in_sequence(self._pipeline.sequence())
             self._sequenced = True
@@ -375,9 +373,10 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         rank)."""
         return not any(other is not self and other._core is self._core for other in _live)
 
-    def _pass_through(self) -> None:
-        """The plan stayed out: once this step's updates landed, hand the gradients to the
-        library's own path (:mod:`.passthrough`) and drop the hooks of the Core's path."""
+    def _pass_through(self, reason: str) -> None:
+        """The plan stayed out, or scheduling is off: once this step's updates landed, hand the
+        gradients to the library's own path (:mod:`.passthrough`) and drop the hooks of the
+        Core's path."""
         self._pipeline.wait_applied()
         for hook in self._ready_hooks:
             hook.remove()
@@ -388,8 +387,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                                    barrier=not self._cross_barrier,
                                                    watch=StallWatch(self._core.config, self._backend.rank),
                                                    first_step=self._steps)
-        log.info("bytesched: the plan stayed out of the way; from step %d on, gradients take %s's own path",
-                 self._steps, self._backend.name)
+        log.info("bytesched: %s; from step %d on, gradients take %s's own path", reason, self._steps,
+                 self._backend.name)
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline
@@ -466,6 +465,24 @@ def _check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer, cross_b
     if cross_barrier and isinstance(optimizer, torch.optim.LBFGS):
         raise BarrierCrossingError("LBFGS evaluates a closure inside step(), so its step cannot cross "
                                    "the barrier; " + BARRIER_MODE)
+
+
+def _check_one_path(core: Core, backend: Backend, passing: bool) -> None:
+    """Over a backend that needs one collective order on every rank, an optimizer that passes
+    through issues its collectives in backward's order, one on the Core in rank 0's announced
+    order: on one Core the two would interleave differently on each rank. Refuse a new optimizer
+    whose path differs from one already open on ``core``."""
+    if backend.order != "rank0":
+        return
+    if passing and any(other._core is core and not other.passes_through for other in _live):
+        raise RuntimeError(f"{SCHEDULING_OFF} for this ScheduledOptimizer, but another one on its bytesched "
+                           "Core sends its gradients through the Core in rank 0's order, which this one's collectives would interleave with: give every optimizer the same policy")
+    if not passing and any(other._core is core and other.passes_through for other in _live):
+        raise RuntimeError("another ScheduledOptimizer on this bytesched Core passes its gradients to "
+                           f"{backend.name} in its own order (its start-up plan stayed out of the way, or "
+                           "scheduling is off for it), which this one's collectives would interleave with: "
+                           "create every ScheduledOptimizer before the first step, close that one first, or set "
+                           "BYTESCHED_PLAN=0")
 
 
 def _plan_fusion(config: Config, device: torch.device) -> float | None:
