@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import pytest
 
+from bytesched.core.config import from_env
 from benchmarks.emulated import runner
 from benchmarks.emulated.cells import FRAMEWORKS, groups, quick, rounds
 from benchmarks.emulated.calibration import Calibration
@@ -51,6 +52,19 @@ def test_scaled_profile_scales_sizes_and_times_separately() -> None:
     assert balanced_time_scale(original, original.compute_time * 3) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="size"):
         Scale(size=0.0)
+
+
+def test_each_configuration_gives_its_workers_the_bytesched_settings_it_names() -> None:
+    """A worker's settings are the job's environment with the column's policy, sizes and plan;
+    ``policy-off`` is what BYTESCHED_POLICY=off makes (scheduling off, no plan)."""
+    base = from_env({"BYTESCHED_FUSION_BYTES": "2MB"})
+    off = configuration("policy-off").settings(base)
+    assert (off.scheduling, off.plan, off.policy, off.fusion_bytes) == (False, False, "fifo", 2_000_000)
+    assert off == from_env({"BYTESCHED_FUSION_BYTES": "2MB", "BYTESCHED_POLICY": "off"})
+    planned = configuration("plan").settings(base)
+    assert (planned.scheduling, planned.plan, planned.policy) == (True, True, "bytescheduler")
+    fixed = configuration("off").settings(base)  # the Core with unlimited sizes
+    assert fixed.scheduling and not fixed.plan and fixed.params.partition_bytes == float("inf")
 
 
 def test_rounds_rotate_and_batch_configurations_into_jobs() -> None:

@@ -40,7 +40,7 @@ class Framework:
 
 
 _ALLREDUCE = ("vanilla", "bytescheduler", "plan", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
-              "off", "fifo", "p3", "prophet")
+              "off", "policy-off", "fifo", "p3", "prophet")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),

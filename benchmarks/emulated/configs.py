@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from bytesched.core.config import SchedulingParams
+from bytesched.core.config import Config, SchedulingParams
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,19 @@ class Configuration:
     plan: bool = False
     """bytesched chooses the sizes itself at start-up (its default with no settings:
     :mod:`bytesched.runtime.plan`); ``params`` are then only the two steps' before the plan."""
+    scheduling: bool = True
+    """False: bytesched with ``BYTESCHED_POLICY=off`` (the framework's own path from the first step)."""
 
     @property
     def scheduled(self) -> bool:
         return self.policy is not None
+
+    def settings(self, base: Config) -> Config:
+        """The worker's bytesched configuration: ``base`` (the job's environment) with this
+        configuration's policy, sizes and plan, or with scheduling off."""
+        if not self.scheduling:
+            return dataclasses.replace(base, policy="fifo", scheduling=False, plan=False)
+        return dataclasses.replace(base, policy=self.policy, params=self.params, plan=self.plan)
 
     @property
     def sized_at_run_time(self) -> bool:
@@ -88,6 +97,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
+    Configuration("policy-off", "bytesched with BYTESCHED_POLICY=off: every gradient on the framework's own "
+                  "path from the first step (no plan, no Core in the way)", policy="fifo", scheduling=False),
     Configuration("fifo", "bytesched, fifo policy", policy="fifo", simulated_as="fifo"),
     Configuration("p3", "bytesched, p3 policy (160 KB slices, one in flight)", policy="p3", simulated_as="p3"),
     Configuration("prophet", "bytesched, prophet policy", policy="prophet", simulated_as="prophet"),

@@ -13,7 +13,6 @@ first second, and the posting overlapped the first timed steps.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Any, Callable
 
@@ -46,8 +45,7 @@ def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[
     """The Gluon trainer for ``config``; the store (drained at the end) or bytesched's optimizer,
     asked for its start-up plan; rank (on a parameter server, bytesched's rank where it runs,
     else ps-lite's); world size."""
-    settings = dataclasses.replace(from_env(), policy=config.policy, params=config.params,
-                                           plan=config.plan) if config.scheduled else None
+    settings = config.settings(from_env()) if config.scheduled else None
     if backend == "ps":
         store: Any = mx.kv.create("dist_sync")
         rank, size = store.rank, store.num_workers

@@ -9,7 +9,6 @@ and reports each run's samples/s from rank 0 (:mod:`.protocol`). One CPU thread 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import Any, Callable
 
@@ -62,9 +61,7 @@ class Backend:
         if self.name == "horovod":
             sgd = self.hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         if config.scheduled:
-            settings = dataclasses.replace(core.from_env(), policy=config.policy, params=config.params,
-                                           plan=config.plan)
-            return ScheduledOptimizer(model, sgd, config=settings)
+            return ScheduledOptimizer(model, sgd, config=config.settings(core.from_env()))
         if self.name == "torch":
             workload.model = torch.nn.parallel.DistributedDataParallel(
                 model, bucket_cap_mb=DDP_BUCKET_MB * self.size_scale)
