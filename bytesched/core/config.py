@@ -152,19 +152,14 @@ class Config:
 
 def _check_nothing_to_schedule(config: Config) -> None:
     """Scheduling is off: settings that only scheduling reads would be silently ignored."""
-    off = SCHEDULING_OFF
     if config.tuning or config.tuning_load:
-        raise ConfigError(f"{off}, so there is nothing to tune: unset BYTESCHED_TUNING and BYTESCHED_TUNING_LOAD, "
-                          "or choose a policy")
+        raise ConfigError(f"{SCHEDULING_OFF}, so there is nothing to tune: unset BYTESCHED_TUNING and "
+                          "BYTESCHED_TUNING_LOAD, or choose a policy")
     if config.params != SchedulingParams():
-        raise ConfigError(f"{off}, so nothing is partitioned or held back: unset BYTESCHED_PARTITION_BYTES and "
-                          "BYTESCHED_CREDIT_BYTES, or choose a policy")
+        raise ConfigError(f"{SCHEDULING_OFF}, so nothing is partitioned or held back: unset "
+                          "BYTESCHED_PARTITION_BYTES and BYTESCHED_CREDIT_BYTES, or choose a policy")
     if config.policy != "fifo":
-        raise ConfigError(f"{off}: its Core runs fifo, not {config.policy!r}")
-
-    def with_params(self, params: SchedulingParams) -> "Config":
-        """A copy with other scheduling parameters (configs are immutable)."""
-        return replace(self, params=params)
+        raise ConfigError(f"{SCHEDULING_OFF}: its Core runs fifo, not {config.policy!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -463,7 +458,8 @@ def configure_logging(config: Config) -> None:
 
 
 __all__ = [
-    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "OFF", "SCHEDULING_OFF", "POLICIES", "SIMULATED_POLICIES", "ORDER_MODES",
+    "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "OFF", "SCHEDULING_OFF", "POLICIES",
+    "SIMULATED_POLICIES", "ORDER_MODES",
     "VARIABLES", "from_env", "parse_size", "format_size", "describe_variables",
     "register_variables", "configure_logging",
 ]

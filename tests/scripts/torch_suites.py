@@ -241,7 +241,8 @@ def passing_through(report: Reporter, flavor: Flavor) -> None:
     }
     # BYTESCHED_POLICY=off: the same path from the first step, with no plan.
     runs = [(name, case, dict(passing=True)) for name, case in cases.items()] + \
-        [(f"off/{name}", cases[f"pass/{name}"], dict(policy=OFF)) for name in ("adam", "barrier_clip_without_synchronize")]
+        [(f"off/{name}", cases[f"pass/{name}"], dict(policy=OFF))
+         for name in ("adam", "barrier_clip_without_synchronize")]
     for name, (opt_name, common, only_scheduled), how in runs:
         report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", opt_name, **common),
                                              run_scheduled(flavor, "cnn", opt_name, SPLIT, **how,

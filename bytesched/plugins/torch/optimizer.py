@@ -476,7 +476,8 @@ def _check_one_path(core: Core, backend: Backend, passing: bool) -> None:
         return
     if passing and any(other._core is core and not other.passes_through for other in _live):
         raise RuntimeError(f"{SCHEDULING_OFF} for this ScheduledOptimizer, but another one on its bytesched "
-                           "Core sends its gradients through the Core in rank 0's order, which this one's collectives would interleave with: give every optimizer the same policy")
+                           "Core sends its gradients through the Core in rank 0's order, which this one's "
+                           "collectives would interleave with: give every optimizer the same policy")
     if not passing and any(other._core is core and other.passes_through for other in _live):
         raise RuntimeError("another ScheduledOptimizer on this bytesched Core passes its gradients to "
                            f"{backend.name} in its own order (its start-up plan stayed out of the way, or "
