@@ -96,3 +96,18 @@ def test_policy_off_switches_scheduling_off_and_refuses_what_only_scheduling_rea
             from_env({"BYTESCHED_POLICY": "off", **extra})
     with pytest.raises(ConfigError, match="or off in BYTESCHED_POLICY, which sets scheduling=False"):
         Config(policy="off")
+
+
+def test_stay_out_path_is_one_of_three_and_needs_a_plan() -> None:
+    """BYTESCHED_STAY_OUT_PATH picks how a plan that stays out chooses its path; where the job has
+    no plan it would be silently ignored, so it is refused naming the setting."""
+    assert from_env({}).stay_out_path == "auto"
+    assert from_env({"BYTESCHED_STAY_OUT_PATH": "Measure"}).stay_out_path == "measure"
+    with pytest.raises(ConfigError, match="BYTESCHED_STAY_OUT_PATH='always' is not valid: expected one of "
+                                          "auto, measure, predict"):
+        from_env({"BYTESCHED_STAY_OUT_PATH": "always"})
+    for extra in ({"BYTESCHED_PLAN": "0"}, {"BYTESCHED_PARTITION_BYTES": "1MB"}, {"BYTESCHED_POLICY": "off"}):
+        with pytest.raises(ConfigError, match="BYTESCHED_STAY_OUT_PATH=predict chooses the path of a start-up plan"):
+            from_env({"BYTESCHED_STAY_OUT_PATH": "predict", **extra})
+    with pytest.raises(ConfigError, match="stay_out_path='never' is unknown"):
+        Config(stay_out_path="never")

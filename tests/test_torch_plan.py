@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bytesched.runtime.path_trial import CORE_MARGIN
 from conftest import SCRIPTS, require, require_executable, run_job
 from test_torch_plugin import Launch, free_port, job_env
 
@@ -40,9 +41,9 @@ class PlanLaunch(Launch):
         first = reports[0]
         for rank, report in reports.items():
             assert (report["set_params"], report["step"], report["params"], report["order"], report["fusion"],
-                    report["buckets"], report["passes_through"]) == \
+                    report["buckets"], report["passes_through"], report["trial"]) == \
                 (first["set_params"], first["step"], first["params"], first["order"], first["fusion"],
-                 first["buckets"], first["passes_through"]), \
+                 first["buckets"], first["passes_through"], first["trial"]), \
                 f"{case}: rank {rank} applied {report['set_params']} (plan {report['params']} at step " \
                 f"{report['step']}, order {report['order']}), rank 0 {first['set_params']} (plan {first['params']} " \
                 f"at step {first['step']}, order {first['order']})"
@@ -67,13 +68,14 @@ def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) ->
 def horovod_job() -> PlanLaunch:
     require("horovod.torch", "Horovod built with PyTorch")
     launcher = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable]
-    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused", timeout=240)
+    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused,measured,kept-core-barrier",
+                      timeout=240)
 
 
 @pytest.fixture(scope="module")
 def dist_job() -> PlanLaunch:
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late", timeout=240)
+    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late,measured,kept-core", timeout=240)
 
 
 @pytest.fixture(params=["horovod", "dist"])
@@ -178,3 +180,29 @@ def test_no_optimizer_joins_a_core_whose_optimizer_passes_through_on_torch_distr
     """Its collectives would interleave with the passing optimizer's in a different order on each
     rank: refused on every rank, naming the way out."""
     dist_job.check(["late/same_as_unscheduled", "late/refused"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_a_path_trial_keeps_the_faster_path_on_every_rank_at_the_same_step(job: PlanLaunch) -> None:
+    """BYTESCHED_STAY_OUT_PATH=measure and a plan that stays out: six steps through the Core, six
+    passing through, then every rank keeps the same path, chosen from the slowest rank's medians,
+    with the baseline's bits."""
+    agreed = job.agreed("measured")
+    assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
+    core_ms, own_ms, passes = agreed["trial"]
+    assert core_ms > 0 and own_ms > 0
+    assert passes == (not core_ms < own_ms * (1 - CORE_MARGIN)) == agreed["passes_through"]
+    assert "bytesched: the plan stayed out of the way; path trial: " in job.output
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_a_path_trial_that_keeps_the_core_comes_back_from_passing_through(job: PlanLaunch) -> None:
+    """The trial's margin makes the Core win: after six steps passing through, every rank hooks
+    its gradients back on the Core's path (over torch.distributed in the buckets' sequence; over
+    Horovod in barrier mode), and the last four steps still match the baseline bit for bit."""
+    case = "kept-core" if job.backend == "dist" else "kept-core-barrier"
+    agreed = job.agreed(case)
+    assert agreed["trial"][2] is False and not agreed["passes_through"]
+    assert agreed["order"] == ("sequence" if job.backend == "dist" else job.backend_order)

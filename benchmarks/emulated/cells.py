@@ -41,10 +41,11 @@ class Framework:
 
 _ALLREDUCE = ("vanilla", "bytescheduler", "plan", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
               "off", "policy-off", "fifo", "p3", "prophet")
+_TORCH = (*_ALLREDUCE, "plan-measured")  # the path trial is the PyTorch plugin's
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
-              ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
-    Framework("torch-distributed", "torch_worker", "torch", "torchrun", "allreduce", False, _ALLREDUCE, fuses=True),
+              ("vanilla", "autotune", *_TORCH[1:]), fuses=True),
+    Framework("torch-distributed", "torch_worker", "torch", "torchrun", "allreduce", False, _TORCH, fuses=True),
     Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True, _ALLREDUCE),
     Framework("mxnet-horovod", "mxnet_worker", "horovod", "horovod", "allreduce", True,
               ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),

@@ -65,6 +65,11 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "backend's all-reduce, and rank 0 picks partition and credit by simulating the second step "
                   "(the start-up plan); the timed steps come after it", policy="bytescheduler",
                   simulated_as="bytescheduler", plan=True),
+    Configuration("plan-measured", "bytesched with no settings but BYTESCHED_STAY_OUT_PATH=measure (PyTorch "
+                  "only; the default on a GPU): where the start-up plan stays out, six steps through the Core "
+                  "and six passing through, and the faster path is kept; the warm-up lasts until then",
+                  policy="bytescheduler", simulated_as="bytescheduler", plan=True,
+                  env=(("BYTESCHED_STAY_OUT_PATH", "measure"),)),
     Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 4 MB credit: the "
                   "best of eight sizes in a sweep of the MXNet PS VGG16 cell at 1 Gbit/s, one run each "
                   "(docs/benchmarks.md); the defaults suit 10-100 Gbit/s, and at 1 Gbit/s a 16 MB credit "

@@ -89,6 +89,22 @@ class Backend:
         return lambda: torch.distributed.all_reduce(tensor)
 
 
+SETTLE_LIMIT = 100
+"""Extra warm-up steps after which a job whose plan or path trial has not settled is an error."""
+
+
+def _settle(optimizer: Any, workload: Workload) -> None:
+    """Untimed steps until no plan or path trial will switch the optimizer's path, before the
+    last warm-up step (every rank settles at the same step, so they stay in step)."""
+    for _ in range(SETTLE_LIMIT):
+        if optimizer.settled:
+            return
+        optimizer.zero_grad()
+        workload.loss().backward()
+        optimizer.step()
+    raise RuntimeError(f"bytesched had not settled its path after {SETTLE_LIMIT} extra warm-up steps")
+
+
 def measure(backend: Backend, workload: Workload, config: Configuration, steps: int,
             warmup: int) -> tuple[Usage, str | None]:
     """The time and CPU of ``steps`` training steps after ``warmup`` untimed ones (communication
@@ -102,6 +118,8 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
                     optimizer.synchronize()
                 backend.barrier()
                 clock = Stopwatch()
+            if step == warmup - 1 and config.scheduled:
+                _settle(optimizer, workload)
             optimizer.zero_grad()
             workload.loss().backward()
             optimizer.step()
@@ -109,7 +127,9 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
             optimizer.synchronize()
         plan = getattr(optimizer, "plan", None)
         path = ""
-        if config.scheduled and optimizer.passes_through:
+        if config.scheduled and optimizer.path_trial is not None:
+            path = f" (path trial: {optimizer.path_trial.summary})"
+        elif config.scheduled and optimizer.passes_through:
             path = " (passing through)"
         elif config.scheduled and optimizer.core.start_order == "sequence":
             path = " (tasks in the buckets' agreed order)"

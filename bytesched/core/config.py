@@ -27,6 +27,8 @@ SIMULATED_POLICIES = (*POLICIES, "tictac")
 """The policies the simulator can run: TicTac orders transfers from the model's computation graph
 with op durations, which only the simulator builds (from its profile), so it is simulator-only."""
 ORDER_MODES = ("auto", "rank0", "immediate")
+STAY_OUT_PATHS = ("auto", "measure", "predict")
+"""How a start-up plan that stays out of the way picks its path (``BYTESCHED_STAY_OUT_PATH``)."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 UNLIMITED = math.inf
@@ -132,6 +134,11 @@ class Config:
     tuning_profile: str | None = None
     tuning_bandwidth: str | None = None
     tuning_floor: tuple[int, int] | None = None  # None: the architecture's own lattice
+    stay_out_path: str = "auto"
+    """Where the start-up plan stays out of the way, how the PyTorch plugin picks between the Core's
+    path and the framework's own (:mod:`bytesched.runtime.path_trial`): ``measure`` times both,
+    ``predict`` follows the plan's prediction (on a GPU: always the framework's), ``auto``
+    measures on a GPU and predicts elsewhere."""
     scheduling: bool = True
     """False (``BYTESCHED_POLICY=off``): every plugin hands its gradients to the framework's own
     path from the first step, as after a start-up plan that stays out and passes through, so a job
@@ -142,6 +149,9 @@ class Config:
         _check_runtime_policy("policy", self.policy)
         if self.order not in ORDER_MODES:
             raise ConfigError(f"order={self.order!r} is unknown: expected one of {', '.join(ORDER_MODES)}")
+        if self.stay_out_path not in STAY_OUT_PATHS:
+            raise ConfigError(f"stay_out_path={self.stay_out_path!r} is unknown: expected one of "
+                              f"{', '.join(STAY_OUT_PATHS)}")
         if not self.scheduling:
             _check_nothing_to_schedule(self)
 
@@ -324,6 +334,12 @@ VARIABLES: tuple[Variable, ...] = (
              "limit) for two steps, times the backend's all-reduce, and rank 0 picks the sizes by "
              "simulating the second step; every rank applies them from the third (docs/plan.md). "
              "0: the fixed default sizes apply."),
+    Variable("BYTESCHED_STAY_OUT_PATH", "stay_out_path", _choice(STAY_OUT_PATHS), "auto",
+             "Where the start-up plan stays out of the way, which path the PyTorch plugin's gradients take: "
+             "measure: six steps through the Core (which crosses the barrier), six on the framework's own "
+             "all-reduce, and the faster is kept on every rank (the Core only when faster by 2 %); predict: "
+             "the framework's own unless sizes were predicted to gain 2 % (on a GPU, always the framework's); "
+             "auto: measure on a GPU, predict elsewhere."),
     Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
              "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
              "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),
@@ -400,6 +416,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
     if values.get("policy") == OFF:
         values.update(policy="fifo", scheduling=False, plan=False)
     values["fusion_fixed"] = "fusion_bytes" in values
+    if values.get("stay_out_path", "auto") != "auto" and not values["plan"]:
+        raise ConfigError(f"BYTESCHED_STAY_OUT_PATH={values['stay_out_path']} chooses the path of a start-up plan "
+                          "that stays out of the way, and this job has none (BYTESCHED_PLAN=0, a size set, or "
+                          "BYTESCHED_POLICY=off): unset it")
     return Config(params=SchedulingParams(**params), **values)
 
 

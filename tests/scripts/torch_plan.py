@@ -20,23 +20,32 @@ same weights on the same data as the unscheduled baseline, which it must match b
   on the same Core (through the Core: the first one passed its gradients to the library);
 - ``late`` (torch.distributed): as ``failed``, and while that optimizer passes through, a second
   one is created on the same Core: refused on every rank, naming the way out.
+- ``measured``: ``BYTESCHED_STAY_OUT_PATH=measure`` and rank 0's simulation replaced by one that
+  stays out: six steps through the Core, six passing through, and every rank keeps the faster
+  path (whichever it is here) at the same step; 18 steps;
+- ``kept-core`` and ``kept-core-barrier``: the same, with the trial's margin set so that the Core
+  always wins, so the optimizer passes through for six steps and then comes back to the Core
+  (crossing the barrier, and in barrier mode).
 
 Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
 (sizes as text, ``inf`` unlimited), the Core's order mode at the end, whether the optimizer passed
 its gradients to the library's own path at the end, the step, sizes and fusion bound of
-``optimizer.plan``, its number of buckets at the end, and its summary.
+``optimizer.plan``, its number of buckets at the end, its summary, and the path trial's outcome
+(``[core ms, own ms, passes through]``, or null).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from typing import Any, Callable
 
 import torch
 
 import bytesched.plugins.torch.optimizer as optimizer_module
+import bytesched.runtime.path_trial as path_trial_module
 import bytesched.runtime.plan as plan_module
 import bytesched.runtime.start_observer as observer_module
 from bytesched.core import Core, SchedulingParams
@@ -47,6 +56,10 @@ from torch_harness import OPTIMIZERS, Reporter, new_model, snapshot, train
 from torch_suites import DistributedFlavor, Flavor, HorovodFlavor, run_baseline
 
 STEPS = 8
+TRIAL_STEPS = 18  # the plan at step 2, six steps through the Core, six passing through, four after
+# Path-trial cases: the margin the Core must beat passing through by (None: the library's own).
+TRIAL_MARGINS = {"measured": None, "kept-core": -math.inf, "kept-core-barrier": -math.inf}
+CORE_MARGIN = path_trial_module.CORE_MARGIN
 FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
 SET_PARAMS: list[list[str]] = []
 _set_params = Core.set_params
@@ -86,7 +99,9 @@ def failing_network(*args: Any) -> Any:
 def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor]) -> None:
     SET_PARAMS.clear()
     os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
-    plan_module.make_plan = {"forced": forced_plan, "fused": staying_out_plan}.get(case, make_plan)  # type: ignore[assignment]
+    os.environ.pop("BYTESCHED_STAY_OUT_PATH", None)
+    staying_out = ("fused", *TRIAL_MARGINS)
+    plan_module.make_plan = forced_plan if case == "forced" else staying_out_plan if case in staying_out else make_plan  # type: ignore[assignment]
     observer_module.measure_network = failing_network if case in ("failed", "reuse", "late") else measure_network  # type: ignore[assignment]
     optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
     optimizer_module._pass_through_margin = (  # type: ignore[assignment]
@@ -98,7 +113,13 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     if case == "late":
         train_once(flavor, backend, report, case, expected, then=create_another)
         return
-    if case == "fused":
+    if case in TRIAL_MARGINS:
+        os.environ["BYTESCHED_STAY_OUT_PATH"] = "measure"
+        margin = TRIAL_MARGINS[case]
+        path_trial_module.CORE_MARGIN = CORE_MARGIN if margin is None else margin
+        train_once(flavor, backend, report, case, run_baseline(flavor, "wide", "sgd", steps=TRIAL_STEPS),
+                   steps=TRIAL_STEPS)
+    elif case == "fused":
         train_once(flavor, backend, report, case, run_baseline(flavor, "deep", "sgd", steps=STEPS), "deep")
     else:
         train_once(flavor, backend, report, case, expected)
@@ -109,9 +130,9 @@ def offering_fusion(config: Any, device: torch.device) -> float:
     return config.fusion_bytes
 
 
-def gpu_pass_through_margin(device: torch.device) -> float:
+def gpu_pass_through_margin(config: Any, device: torch.device) -> float:
     """The optimizer's pass-through margin as on a GPU, here on the CPU."""
-    return pass_through_margin(torch.device("cuda"))
+    return pass_through_margin(config, torch.device("cuda"))
 
 
 def create_another(flavor: Flavor, backend: str, report: Reporter, case: str) -> None:
@@ -127,19 +148,21 @@ def create_another(flavor: Flavor, backend: str, report: Reporter, case: str) ->
 
 
 def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expected: list[torch.Tensor],
-               model_name: str = "wide", then: Callable[[Flavor, str, Reporter, str], None] | None = None) -> None:
+               model_name: str = "wide", then: Callable[[Flavor, str, Reporter, str], None] | None = None,
+               steps: int = STEPS) -> None:
     model = new_model(model_name)
     inner = OPTIMIZERS["sgd"](model.parameters())
     if backend == "horovod":
         inner = flavor.baseline(model, inner)
-    optimizer = ScheduledOptimizer(model, inner, cross_barrier=case != "barrier")
-    train(model, optimizer, model_name, flavor.rank, steps=STEPS)
+    optimizer = ScheduledOptimizer(model, inner, cross_barrier=not case.endswith("barrier"))
+    train(model, optimizer, model_name, flavor.rank, steps=steps)
     optimizer.synchronize()
     got = snapshot(model)
     outcome = optimizer.plan
     order = optimizer.core.start_order
     passing = optimizer.passes_through
     buckets = len(optimizer._pipeline.buckets)
+    trial = optimizer.path_trial
     if then is not None:
         then(flavor, backend, report, case)
     optimizer.close()
@@ -150,14 +173,16 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
         "params": None if outcome is None else [format_size(outcome.params.partition_bytes),  # type: ignore[arg-type]
                                                 format_size(outcome.params.credit_bytes)],
         "fusion": None if outcome is None else outcome.fusion_bytes, "buckets": buckets,
-        "summary": None if outcome is None else outcome.summary}), flush=True)
+        "summary": None if outcome is None else outcome.summary,
+        "trial": None if trial is None else [trial.core_ms, trial.own_ms, trial.passes_through]}), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("horovod", "dist"), required=True)
     parser.add_argument("--cases", required=True, help="comma-separated: plan, barrier, forced, failed, sized, "
-                                                       "fused, reuse, late")
+                                                       "fused, reuse, late, measured, kept-core, "
+                                                       "kept-core-barrier")
     args = parser.parse_args()
     flavor: Flavor = HorovodFlavor() if args.backend == "horovod" else DistributedFlavor()
     torch.set_num_threads(1)

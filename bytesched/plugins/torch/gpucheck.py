@@ -8,15 +8,16 @@ two ranks on one device), or NCCL with one GPU each when there are two or more. 
    gradient after backward, and again under ScheduledOptimizer, for SGD and Adam in barrier mode
    and crossing the barrier, under deterministic kernels: through the Core with partitions small
    enough to split every large gradient, and with no settings, where the start-up plan applies
-   from the third step (for so small a model it stays out and passes through, so the switch and
-   the framework's own path are checked too). Two-rank sums are exact, so the parameters must be
-   bit-identical.
+   from the third step (for so small a model it stays out, and on a GPU times the Core's path
+   against the framework's own before it keeps one, so the switches and both paths are checked
+   too). Two-rank sums are exact, so the parameters must be bit-identical.
 2. *Speed*: per model, milliseconds per iteration of DistributedDataParallel, of bytesched in
    barrier mode and of bytesched crossing the barrier, each on its own copy of the model, in
    interleaved rounds (every round runs each once, in a rotating order): the median over rounds
    of the mean over a round's iterations (a crossing iteration ends before its updates land, so
    single iterations cannot be timed; each round ends once they landed). Each bytesched round is
-   a job with no settings of its own (a fresh Core, its start-up plan in the warm-up).
+   a job with no settings of its own (a fresh Core, its start-up plan and path trial in the
+   warm-up, which lasts until the optimizer settled).
 
 On a CPU (``--device cpu``) the same runs on the CPU, where it is the check's own test.
 """
@@ -42,6 +43,7 @@ from torch import nn
 
 from bytesched.core import SchedulingParams, from_env, shutdown
 from bytesched.launch.ports import free_port
+from bytesched.runtime.path_trial import TRIAL_STEPS
 
 from .optimizer import ScheduledOptimizer
 
@@ -191,7 +193,12 @@ EQUIVALENCE_MODES = (("barrier", False, False), ("cross", True, False),
                      ("barrier+plan", False, True), ("cross+plan", True, True))
 """(mode, crossing the barrier, start-up plan): without the plan, partitions small enough to split
 every large gradient go through the Core; with it (no settings, as a user runs), the plan made in
-the first steps applies from the third, where it usually stays out and passes through."""
+the first steps applies from the third, where it usually stays out (and, on a GPU, runs its path
+trial)."""
+PLANNED_EQUIVALENCE_STEPS = 2 + 2 * TRIAL_STEPS + 2
+"""Steps of a planned mode at least: the plan's two, both paths of the trial, two on the path kept."""
+SETTLE_LIMIT = 100
+"""Warm-up iterations after which a bytesched round that has not settled is an error."""
 
 
 def _equivalence(device: torch.device, steps: int) -> list[dict[str, Any]]:
@@ -210,16 +217,17 @@ def _equivalence(device: torch.device, steps: int) -> list[dict[str, Any]]:
                 torch.manual_seed(0)
                 base = _SmallCNN().to(device)
                 reference, model = copy.deepcopy(base), copy.deepcopy(base)
-                _train(reference, _AllreduceThenStep(make(reference.parameters())), device, steps)
+                trained = max(steps, PLANNED_EQUIVALENCE_STEPS) if planned else steps
+                _train(reference, _AllreduceThenStep(make(reference.parameters())), device, trained)
                 optimizer = ScheduledOptimizer(model, make(model.parameters()), cross_barrier=cross,
                                                config=from_env() if planned else split)
                 try:
-                    _train(model, optimizer, device, steps)
+                    _train(model, optimizer, device, trained)
                     path = _path(optimizer)
                 finally:
                     optimizer.close()
                 pairs = [(a.detach(), b.detach()) for a, b in zip(reference.parameters(), model.parameters())]
-                results.append({"optimizer": name, "mode": mode, "steps": steps, "tensors": len(pairs),
+                results.append({"optimizer": name, "mode": mode, "steps": trained, "tensors": len(pairs),
                                 "identical": sum(bool(torch.equal(a, b)) for a, b in pairs),
                                 "max_abs_diff": max(float((a - b).abs().max()) for a, b in pairs), "path": path})
     finally:
@@ -234,7 +242,9 @@ def _path(optimizer: ScheduledOptimizer) -> str:
     if optimizer.plan is None:
         return "the Core, sizes as configured"
     path = optimizer.plan.describe()
-    if optimizer.plan.passes_through != optimizer.passes_through:
+    if optimizer.path_trial is not None:
+        path += "; path trial: " + optimizer.path_trial.summary
+    elif optimizer.plan.passes_through != optimizer.passes_through:
         path += "; this optimizer " + ("passes through" if optimizer.passes_through else "stays on the Core")
     return path
 
@@ -288,7 +298,7 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
     _iterations(ddp, sgds["ddp"], inputs, options.warmup)
     _sync(device)
     times: dict[str, list[float]] = {config: [] for config in CONFIGURATIONS}
-    plans: dict[str, str] = {}
+    paths: dict[str, list[str]] = {"barrier": [], "cross": []}
     for round_ in range(options.rounds):
         for config in CONFIGURATIONS[round_ % 3:] + CONFIGURATIONS[:round_ % 3]:
             if config == "ddp":
@@ -298,16 +308,17 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
             optimizer = ScheduledOptimizer(models[config], sgds[config], cross_barrier=config == "cross")
             try:
                 _iterations(models[config], optimizer, inputs, options.warmup)
+                _settle(models[config], optimizer, inputs)
                 _landed(optimizer, device)
                 times[config].append(_timed_iterations(models[config], optimizer, inputs, options.steps, device))
-                plans[config] = _path(optimizer)
+                paths[config].append(_path(optimizer))
             finally:
                 optimizer.close()
     shutdown()
     result: dict[str, Any] = {"model": name, "batch": options.batch, "gradients": len(list(base.parameters())),
                               **{f"{config}_ms": statistics.median(times[config]) for config in CONFIGURATIONS},
-                              **{f"{config}_plan": plans[config] for config in ("barrier", "cross")},
-                              "rounds_ms": times}
+                              **{f"{config}_plan": paths[config][-1] for config in ("barrier", "cross")},
+                              "rounds_ms": times, "rounds_path": paths}
     for config in ("barrier", "cross"):
         result[f"{config}_vs_ddp"] = result["ddp_ms"] / result[f"{config}_ms"]
     del ddp, models, sgds
@@ -334,6 +345,16 @@ def _iterations(net: nn.Module, optimizer: Any, inputs: tuple[torch.Tensor, ...]
         optimizer.step()
 
 
+def _settle(net: nn.Module, optimizer: ScheduledOptimizer, inputs: tuple[torch.Tensor, ...]) -> None:
+    """More warm-up iterations until the plan and the path trial are over (every rank settles at
+    the same step), so the timed ones run on the path the job keeps."""
+    for _ in range(SETTLE_LIMIT):
+        if optimizer.settled:
+            return
+        _iterations(net, optimizer, inputs, 1)
+    raise CheckError(f"bytesched had not settled its path after {SETTLE_LIMIT} warm-up iterations")
+
+
 def _landed(optimizer: Any, device: torch.device) -> None:
     """Every update of the iterations so far has been applied (crossing the barrier, step()
     returns before that) and the device has run it."""
@@ -354,7 +375,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{row['optimizer']:<10}{row['mode']:<14}{row['identical']:>11}/{row['tensors']:<7}"
                      f"{row['max_abs_diff']:>12.3g}  {row['path']}")
     lines += ["", "Milliseconds per iteration (median of rounds; ratio: DDP's time / bytesched's, >1 is faster;",
-              "each bytesched round a job of its own, with no settings: its start-up plan runs in the warm-up):",
+              "each bytesched round a job of its own, with no settings: its start-up plan and path trial run in the warm-up):",
               f"{'model':<13}{'batch':>6}{'grads':>7}{'DDP':>9}{'barrier':>9}{'ratio':>7}{'crossing':>10}{'ratio':>7}"]
     for row in report["timing"]:
         lines.append(f"{row['model']:<13}{row['batch']:>6}{row['gradients']:>7}{row['ddp_ms']:>9.1f}"

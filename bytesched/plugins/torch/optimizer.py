@@ -27,7 +27,7 @@ from torch import nn
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
-from bytesched.runtime import channel_of, on_channel_failure, start_core
+from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
@@ -115,12 +115,15 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self._hooks.append(module.register_load_state_dict_pre_hook(self._flush_before_load))
         self._stop_listening = on_channel_failure(self._pipeline.fail)
         self._check = make_check(config.check_every, backend, slots, self._pipeline.wait_applied)
-        self._steps = 0
+        self._steps = 0  # step boundaries passed; the first is at construction, before step 0
         self._fusion = config.fusion_bytes  # the bound this optimizer's buckets were fused under
         self._fusion_follows_plan = not config.fusion_fixed
         self._samples_per_step = samples_per_step
         self._passes_per_step = passes
         self._passing: PassThrough | None = None  # the library's own path, once the plan stayed out
+        self._measures_paths = _measures_paths(config, slots[0].param.device)
+        self._trial: path_trial.PathTrial | None = None  # timing both ways of staying out, while it runs
+        self._trial_outcome: path_trial.TrialOutcome | None = None
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
         device = slots[0].param.device
         warm = self._observer(TuningWarmStart, backend, model_bytes, device) \
@@ -172,7 +175,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         optimizer's step."""
         self._check_open()
         result = self._scheduled_step(closure) if self._passing is None else self._passing.step(closure)
-        if self._sizes.active or self._fusion_due():
+        if self._trial is not None:
+            self._trial_boundary()
+        elif self._sizes.active or self._fusion_due():
             self._step_boundary()
         if self._check is not None:
             self._check.after_step()
@@ -244,6 +249,18 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._passing is not None
 
     @property
+    def path_trial(self) -> path_trial.TrialOutcome | None:
+        """What timing the Core's path against the library's own measured and kept, once a plan
+        that stayed out did so (``BYTESCHED_STAY_OUT_PATH``)."""
+        return self._trial_outcome
+
+    @property
+    def settled(self) -> bool:
+        """No start-up plan, tuning or path trial will change this optimizer's path or sizes any
+        more (every rank settles at the same step)."""
+        return not self._sizes.active and self._trial is None
+
+    @property
     def core(self) -> Core:
         """The bytesched Core scheduling this optimizer's communication."""
         return self._core
@@ -311,7 +328,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             return None
         _sized_cores.add(self._core)
         return self._observer(StartupPlan, backend, model_bytes, device, fusion_bytes=_plan_fusion(config, device),
-                              pass_through_margin=_pass_through_margin(device))
+                              pass_through_margin=_pass_through_margin(config, device))
 
     def _observer(self, kind: type[Observer], backend: Backend, model_bytes: int, device: torch.device,
                   **options: Any) -> Observer:
@@ -344,10 +361,45 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         if plan is None or plan.params != STAY_OUT:
             return
         if plan.passes_through and (self._backend.order != "rank0" or self._alone_on_core()):
-            self._pass_through("the plan stayed out of the way")
-        elif self._core.order == "rank0" and self._alone_on_core():  # the merged buckets' sequence
+            if not self._measures_paths:
+                self._pass_through("the plan stayed out of the way")
+                return
+            self._trial = path_trial.PathTrial()  # begins on the Core
+            self._trial.boundary(time.monotonic())
+        if self._core.order == "rank0" and self._alone_on_core():  # the merged buckets' sequence
             self._core.start_in_sequence(self._pipeline.sequence())
             self._sequenced = True
+
+    def _trial_boundary(self) -> None:
+        """A step boundary while the path trial runs: pass through once the Core's steps are
+        timed; once the library's are, keep the faster path (the same on every rank)."""
+        self._steps += 1
+        assert self._trial is not None
+        action = self._trial.boundary(time.monotonic())
+        if action == "pass_through":
+            self._pass_through("the path trial times the library's own path")
+        elif action == "decide":
+            trial, self._trial = self._trial, None
+            self._trial_outcome = outcome = trial.decide(self._gathered)
+            log.info("bytesched: the plan stayed out of the way; path trial: %s", outcome.summary)
+            if not outcome.passes_through:
+                self._return_to_core()
+
+    def _gathered(self, medians: tuple[float, float]) -> list[list[float]]:
+        """Every rank's pair of medians (ms), gathered as microseconds (the backend gathers
+        integers). Called with nothing in flight: the trial decides while passing through, whose
+        step() waits for every collective."""
+        local = torch.tensor([round(value * 1e3) for value in medians], dtype=torch.int64)
+        return [[value / 1e3 for value in row] for row in self._backend.all_gather(local).tolist()]
+
+    def _return_to_core(self) -> None:
+        """The path trial kept the Core: drop the library's path, hook the Core's back on."""
+        assert self._passing is not None
+        self._passing.close()
+        self._passing = None
+        self._ready_hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
+                             for slot in self._pipeline.slots]
+        self._proxies.restore()
 
     def _fusion_due(self) -> bool:
         """The Core's plan chose a fusion bound this optimizer's buckets do not have yet."""
@@ -386,8 +438,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                                    self._plain_step, self._passes_per_step,
                                                    barrier=not self._cross_barrier,
                                                    watch=StallWatch(self._core.config, self._backend.rank),
-                                                   first_step=self._steps)
-        log.info("bytesched: %s; from step %d on, gradients take %s's own path", reason, self._steps,
+                                                   first_step=self._steps - 1)
+        log.info("bytesched: %s; from step %d on, gradients take %s's own path", reason, self._steps - 1,
                  self._backend.name)
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
@@ -494,14 +546,22 @@ def _plan_fusion(config: Config, device: torch.device) -> float | None:
     return config.fusion_bytes if device.type == "cuda" and not config.fusion_fixed else None
 
 
-def _pass_through_margin(device: torch.device) -> float:
+def _measures_paths(config: Config, device: torch.device) -> bool:
+    """A plan that stays out times the Core's path against the library's own before it keeps one
+    (:mod:`bytesched.runtime.path_trial`): asked for, or on a GPU, where neither path won on every
+    model (2 ranks sharing an H200 over Gloo: VGG16 1.00x DDP through the Core and 0.93x passing
+    through, ResNet50 and the Transformer 0.97x-0.98x and 1.02x-1.05x; docs/benchmarks.md)."""
+    return config.stay_out_path == "measure" or (config.stay_out_path == "auto" and device.type == "cuda")
+
+
+def _pass_through_margin(config: Config, device: torch.device) -> float:
     """How much the best sized plan must be predicted to gain for a plan that stays out to stay
-    on bytesched's path instead of passing through. On a GPU, never: there staying out through
-    the Core did not win back its work per gradient even where sizes were predicted to gain 9-14 %
-    (2 ranks sharing an H200 over Gloo, ResNet50 and the Transformer: 0.97x-1.02x of DDP on the
-    Core, 1.00x-1.05x passing through; docs/benchmarks.md). Where the CPU also computes, the
-    Core's crossing of the barrier was measured to pay (:data:`~bytesched.sim.plan.PASS_THROUGH_MARGIN`)."""
-    return math.inf if device.type == "cuda" else PASS_THROUGH_MARGIN
+    on bytesched's path without passing through (or, measuring, without trying to). On a GPU,
+    never: there staying out through the Core did not win back its work per gradient on ResNet50
+    and the Transformer even where sizes were predicted to gain 9-14 %. Where the CPU also
+    computes, the Core's crossing of the barrier was measured to pay
+    (:data:`~bytesched.sim.plan.PASS_THROUGH_MARGIN`)."""
+    return math.inf if device.type == "cuda" or _measures_paths(config, device) else PASS_THROUGH_MARGIN
 
 
 def _passes_per_step(backend: Backend, given: int | None) -> int:

@@ -6,8 +6,8 @@ and the forward proxies. So from the plan's step on, a ScheduledOptimizer hands 
 what the job runs without bytesched, and ``step()`` waits for them and updates, as the plain
 optimizer does (the barrier is no longer crossed):
 
-* Horovod: ``hvd.DistributedOptimizer``'s own gradient hooks, switched back on, and its
-  ``synchronize()``;
+* Horovod: ``hvd.DistributedOptimizer``'s own gradient hooks (called from removable hooks of
+  bytesched's) and its ``synchronize()``;
 * torch.distributed: bytesched's buckets, each all-reduced from the backward hook of its last
   gradient, in the buckets' backward order on every rank (c10d pairs collectives by the order each
   rank issues them; DDP keeps one bucket order for the same reason), and averaged as DDP does.
@@ -157,28 +157,37 @@ class PassThrough(ABC):
 
 
 class HorovodPassThrough(PassThrough):
-    """hvd.DistributedOptimizer's own hooks all-reduce each gradient (Horovod fuses them by its
-    own threshold); its ``synchronize()`` waits for them and reduces those never computed."""
+    """hvd.DistributedOptimizer's own gradient hooks all-reduce each gradient (Horovod fuses them
+    by its own threshold); its ``synchronize()`` waits for them and reduces those never computed.
 
+    Horovod registers its hooks on autograd nodes, where they cannot be removed, and a graph still
+    alive (the previous iteration's loss) hands the next forward pass the same nodes. So Horovod's
+    hook functions are called from bytesched's removable gradient hooks instead, and a path trial
+    that goes back to the Core leaves none of them behind."""
+
+    hears_gradients = True
     library = "Horovod"
 
     def __init__(self, optimizer: torch.optim.Optimizer, slots: list[ParamSlot], plain_step: Callable[..., Any],
                  barrier: bool, watch: StallWatch, first_step: int) -> None:
+        # The hooks Horovod's constructor made for every parameter it reduces (HorovodBackend
+        # dropped the nodes it had hung them on).
+        hooks = {param: optimizer._make_hook(param) for param in optimizer._requires_update}
+        self._horovod_hooks = [hooks.get(slot.param) for slot in slots]
         super().__init__(slots, plain_step, optimizer, optimizer.backward_passes_per_step, barrier, watch, first_step)
-        # The hooks ScheduledOptimizer dropped (HorovodBackend), registered again by Horovod.
-        optimizer._register_hooks()
 
     @property
     def round_open(self) -> bool:
         # A backward pass leaves an entry per gradient (a handle, or None while accumulating).
         return bool(self._optimizer._handles)
 
+    def _gradient_ready(self, position: int) -> None:
+        hook = self._horovod_hooks[position]
+        if hook is not None:
+            hook()
+
     def _reduce(self) -> None:
         self._optimizer.synchronize()
-
-    def close(self) -> None:
-        super().close()
-        self._optimizer._grad_accs.clear()  # Horovod's hooks go with the nodes that hold them
 
 
 class BucketPassThrough(PassThrough):

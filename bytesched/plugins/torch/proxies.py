@@ -40,11 +40,10 @@ class ForwardProxies:
         for slot in slots:
             for owner in self._owners[id(slot.param)]:
                 self._before[owner].append(slot)
-        self._handles: dict[nn.Module, list[RemovableHandle]] = {
-            module: [module.register_forward_pre_hook(self._pre, prepend=True),
-                     module.register_forward_hook(self._post, prepend=True, always_call=True)]
-            for module in model.modules()}
+        self._modules = list(model.modules())
+        self._handles: dict[nn.Module, list[RemovableHandle]] = {}
         self._settled = False
+        self.restore()
 
     def _pre(self, module: nn.Module, args: Any) -> None:
         self._trace.module_enter(module)
@@ -78,15 +77,22 @@ class ForwardProxies:
             for owner in self._owners[id(slot.param)]:
                 before[owner].append(slot)
         self._before, self._after = before, after
-        for module, handles in self._handles.items():
-            if module not in before and module not in after:
-                for handle in handles:
-                    handle.remove()
+        for module in [m for m in self._handles if m not in before and m not in after]:
+            for handle in self._handles.pop(module):
+                handle.remove()
         self._settled = True
 
     def remove(self) -> None:
-        """Remove every hook (the optimizer was closed)."""
+        """Remove every hook (the optimizer was closed, or its gradients pass through)."""
         for handles in self._handles.values():
             for handle in handles:
                 handle.remove()
         self._handles.clear()
+
+    def restore(self) -> None:
+        """Hook every module that has something to wait for: all of them until the trace
+        settled, then those holding a wait point (the gradients come back to the Core's path)."""
+        for module in self._modules:
+            if module not in self._handles and (not self._settled or module in self._before or module in self._after):
+                self._handles[module] = [module.register_forward_pre_hook(self._pre, prepend=True),
+                                         module.register_forward_hook(self._post, prepend=True, always_call=True)]
