@@ -28,12 +28,12 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("framework, modes", [
-    ("mxnet", "unfused,fused,core,off"), ("torch-distributed", "core,off"), ("mxnet-ps", "core,off")])
+    ("mxnet", "unfused,fused"), ("torch-distributed", "core,off"), ("mxnet-ps", "core,off")])
 def test_every_mode_runs_on_two_ranks(framework: str, modes: str) -> None:
-    """MXNet over Horovod (horovodrun) in every mode; PyTorch over torch.distributed against DDP
-    (torchrun) and the MXNet parameter server (bytesched launch) through the Core and with
-    scheduling off (``--modes``; their no-settings paths pass through as ``off`` does, and the
-    plugins' own tests cover them). ``plain`` always runs."""
+    """Every mode on some stack: MXNet over Horovod (horovodrun) with no settings, unfused and
+    fused; PyTorch over torch.distributed against DDP (torchrun) and the MXNet parameter server
+    (bytesched launch) through the Core and with scheduling off (``--modes``; the plugins' own tests
+    cover each path on every stack). ``plain`` always runs."""
     if framework == "mxnet":
         require("horovod.mxnet", "Horovod built with MXNet")
     if framework == "mxnet-ps":
@@ -48,5 +48,6 @@ def test_every_mode_runs_on_two_ranks(framework: str, modes: str) -> None:
     for jobs in report["runs"][framework].values():
         [job] = jobs
         assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job
-    assert report["runs"][framework]["off"][0]["passes_through"]  # BYTESCHED_POLICY=off, from the first step
-    assert not report["runs"][framework]["core"][0]["passes_through"]
+    runs = report["runs"][framework]
+    if "off" in runs:
+        assert runs["off"][0]["passes_through"] and not runs["core"][0]["passes_through"]  # off: from the first step

@@ -68,8 +68,7 @@ def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) ->
 def horovod_job() -> PlanLaunch:
     require("horovod.torch", "Horovod built with PyTorch")
     launcher = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable]
-    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused,measured,kept-core-barrier",
-                      timeout=240)
+    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused,kept-core-barrier", timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -184,16 +183,16 @@ def test_no_optimizer_joins_a_core_whose_optimizer_passes_through_on_torch_distr
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
-def test_a_path_trial_keeps_the_faster_path_on_every_rank_at_the_same_step(job: PlanLaunch) -> None:
+def test_a_path_trial_keeps_the_faster_path_on_every_rank_at_the_same_step(dist_job: PlanLaunch) -> None:
     """BYTESCHED_STAY_OUT_PATH=measure and a plan that stays out: six steps through the Core, six
     passing through, then every rank keeps the same path, chosen from the slowest rank's medians,
-    with the baseline's bits."""
-    agreed = job.agreed("measured")
+    with the baseline's bits (over Horovod, the next test's trial runs the same code)."""
+    agreed = dist_job.agreed("measured")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
     core_ms, own_ms, passes = agreed["trial"]
     assert core_ms > 0 and own_ms > 0
     assert passes == (not core_ms < own_ms * (1 - CORE_MARGIN)) == agreed["passes_through"]
-    assert "bytesched: the plan stayed out of the way; path trial: " in job.output
+    assert "bytesched: the plan stayed out of the way; path trial: " in dist_job.output
 
 
 @pytest.mark.multiproc
