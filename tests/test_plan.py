@@ -90,7 +90,7 @@ def test_network_cost_reproduces_both_operations_in_the_simulators_model() -> No
 
 
 def test_large_operation_is_the_model_within_bounds() -> None:
-    assert large_bytes_for(100) == 1_000_000
+    assert large_bytes_for(100) == 4_000_000
     assert large_bytes_for(8_800_002) == 8_800_000
     assert large_bytes_for(10**9) == 16_000_000
 
