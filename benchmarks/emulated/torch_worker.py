@@ -16,6 +16,7 @@ import torch
 
 import bytesched.core as core
 from bytesched.plugins.torch import ScheduledOptimizer
+from bytesched.plugins.torch.optimizer import step_until_settled
 
 from .cells import REAL_MODELS
 from .configs import Configuration, configuration
@@ -89,20 +90,10 @@ class Backend:
         return lambda: torch.distributed.all_reduce(tensor)
 
 
-SETTLE_LIMIT = 100
-"""Extra warm-up steps after which a job whose plan or path trial has not settled is an error."""
-
-
-def _settle(optimizer: Any, workload: Workload) -> None:
-    """Untimed steps until no plan or path trial will switch the optimizer's path, before the
-    last warm-up step (every rank settles at the same step, so they stay in step)."""
-    for _ in range(SETTLE_LIMIT):
-        if optimizer.settled:
-            return
-        optimizer.zero_grad()
-        workload.loss().backward()
-        optimizer.step()
-    raise RuntimeError(f"bytesched had not settled its path after {SETTLE_LIMIT} extra warm-up steps")
+def _train_step(optimizer: Any, workload: Workload) -> None:
+    optimizer.zero_grad()
+    workload.loss().backward()
+    optimizer.step()
 
 
 def measure(backend: Backend, workload: Workload, config: Configuration, steps: int,
@@ -118,11 +109,9 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
                     optimizer.synchronize()
                 backend.barrier()
                 clock = Stopwatch()
-            if step == warmup - 1 and config.scheduled:
-                _settle(optimizer, workload)
-            optimizer.zero_grad()
-            workload.loss().backward()
-            optimizer.step()
+            if step == warmup - 1 and config.scheduled:  # the timed steps run on the path the job keeps
+                step_until_settled(optimizer, lambda: _train_step(optimizer, workload))
+            _train_step(optimizer, workload)
         if config.scheduled:
             optimizer.synchronize()
         plan = getattr(optimizer, "plan", None)

@@ -45,7 +45,7 @@ from bytesched.core import SchedulingParams, from_env, shutdown
 from bytesched.launch.ports import free_port
 from bytesched.runtime.path_trial import TRIAL_STEPS
 
-from .optimizer import ScheduledOptimizer
+from .optimizer import ScheduledOptimizer, step_until_settled
 
 EQUIVALENCE_PARTITION_BYTES = 16384
 WORLD_SIZE = 2
@@ -197,8 +197,6 @@ the first steps applies from the third, where it usually stays out (and, on a GP
 trial)."""
 PLANNED_EQUIVALENCE_STEPS = 2 + 2 * TRIAL_STEPS + 2
 """Steps of a planned mode at least: the plan's two, both paths of the trial, two on the path kept."""
-SETTLE_LIMIT = 100
-"""Warm-up iterations after which a bytesched round that has not settled is an error."""
 
 
 def _equivalence(device: torch.device, steps: int) -> list[dict[str, Any]]:
@@ -308,7 +306,8 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
             optimizer = ScheduledOptimizer(models[config], sgds[config], cross_barrier=config == "cross")
             try:
                 _iterations(models[config], optimizer, inputs, options.warmup)
-                _settle(models[config], optimizer, inputs)
+                # the timed iterations run on the path the job keeps
+                step_until_settled(optimizer, lambda: _iterations(models[config], optimizer, inputs, 1))
                 _landed(optimizer, device)
                 times[config].append(_timed_iterations(models[config], optimizer, inputs, options.steps, device))
                 paths[config].append(_path(optimizer))
@@ -343,16 +342,6 @@ def _iterations(net: nn.Module, optimizer: Any, inputs: tuple[torch.Tensor, ...]
         optimizer.zero_grad(set_to_none=True)
         net(*inputs).float().mean().backward()
         optimizer.step()
-
-
-def _settle(net: nn.Module, optimizer: ScheduledOptimizer, inputs: tuple[torch.Tensor, ...]) -> None:
-    """More warm-up iterations until the plan and the path trial are over (every rank settles at
-    the same step), so the timed ones run on the path the job keeps."""
-    for _ in range(SETTLE_LIMIT):
-        if optimizer.settled:
-            return
-        _iterations(net, optimizer, inputs, 1)
-    raise CheckError(f"bytesched had not settled its path after {SETTLE_LIMIT} warm-up iterations")
 
 
 def _landed(optimizer: Any, device: torch.device) -> None:

@@ -546,6 +546,21 @@ def _plan_fusion(config: Config, device: torch.device) -> float | None:
     return config.fusion_bytes if device.type == "cuda" and not config.fusion_fixed else None
 
 
+SETTLE_LIMIT = 100
+"""Steps after which :func:`step_until_settled` gives up: a plan and a path trial take 14."""
+
+
+def step_until_settled(optimizer: ScheduledOptimizer, step: Callable[[], None], limit: int = SETTLE_LIMIT) -> None:
+    """Run ``step`` (one training iteration) until no plan, tuning or path trial will switch
+    ``optimizer``'s path or sizes any more, e.g. before timing it. Every rank settles at the same
+    step, so ranks that call this together stay in step."""
+    for _ in range(limit):
+        if optimizer.settled:
+            return
+        step()
+    raise RuntimeError(f"bytesched had not settled its path after {limit} more steps")
+
+
 def _measures_paths(config: Config, device: torch.device) -> bool:
     """A plan that stays out times the Core's path against the library's own before it keeps one
     (:mod:`bytesched.runtime.path_trial`): asked for, or on a GPU, where neither path won on every
