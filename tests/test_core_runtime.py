@@ -6,6 +6,7 @@ import gc
 import logging
 import queue
 import random
+import re
 import threading
 import time
 import weakref
@@ -237,6 +238,24 @@ def test_stall_warning_names_the_tensor_and_partition(caplog: pytest.LogCaptureF
         time.sleep(0.6)
     core.shutdown(0.1)
     assert any("layer3.weight" in r.getMessage() and "partition 0" in r.getMessage() for r in caplog.records)
+
+
+def test_stall_timeout_fails_the_core_and_its_tasks_from_the_stall_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[str] = []
+    monkeypatch.setattr(core_mod.core, "exit_later", lambda reason, grace_s=10.0: exits.append(reason))
+    core = make_core(stall_warning_s=0.2, stall_timeout_s=0.4)
+    task = BufferTask("layer3.weight", 0, 400)
+    core.enqueue(task, ready=True)
+    deadline = time.monotonic() + 5
+    while core.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not core.running
+    assert "stall timeout: tensor 'layer3.weight' partition 0 of 1" in str(core.failure)
+    assert task.errors and task.errors[0] is core.failure  # the training loop hears of it
+    assert len(exits) == 1 and re.fullmatch(r"tensor 'layer3\.weight' partition 0 of 1 \(started \d+ s ago\) "
+                                            r"on rank 0 \(BYTESCHED_STALL_TIMEOUT_S=0\.4\)", exits[0]), exits
+    with pytest.raises(RuntimeError, match="failed earlier"):
+        core.enqueue(BufferTask("next", 0, 4))
 
 
 def test_set_params_and_stats_through_the_core() -> None:

@@ -4,28 +4,30 @@ Framework threads never run scheduling logic; :meth:`Core.enqueue`, :meth:`CommT
 and :meth:`CommTask.notify_finish` only put an event on a queue. The Core thread sleeps in a
 blocking ``get`` (no polling, no CPU while idle), drains every pending event, feeds each to the
 state machine and calls ``start()`` for the sub-tasks it answers with. Rank 0 announces that start
-order to followers over the rank-0 channel; followers in ``rank0`` mode obey it.
+order to followers over the rank-0 channel; followers in ``rank0`` mode obey it. Stalled
+sub-tasks are watched from a thread beside it (:mod:`.stall_check`), so this one only schedules.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from .config import Config, SchedulingParams
 from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
 from .policies.follow import SubTaskKey
 from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
+from .stall_check import StallCheck, describe
 from .task import CommTask, SubTask
 
 log = logging.getLogger("bytesched")
+T = TypeVar("T")
 
 # Events are (kind, object) tuples, except a finish, the one event per sub-task: the bare SubTask.
 _ENQUEUE, _ENQUEUE_READY, _READY, _PARAMS, _ANNOUNCE, _CALL, _STOP = range(7)
@@ -37,15 +39,10 @@ sub-task past ``BYTESCHED_STALL_TIMEOUT_S``) and that did not exit by itself in 
 EXIT_GRACE_S = 10.0
 IDLE_POLL_S = 0.001
 """How often :meth:`Core.wait_idle` asks the Core thread whether it is idle."""
-STALL_QUERY, STALL_ANSWER = "stall.query", "stall.answer"  # rank-0 channel kinds: who has started what
 
 
 class CoreShutdownError(RuntimeError):
     """The Core stopped before this task's communication finished."""
-
-
-class StallTimeout(RuntimeError):
-    """A sub-task was in flight longer than ``BYTESCHED_STALL_TIMEOUT_S``."""
 
 
 def exit_later(reason: str, grace_s: float = EXIT_GRACE_S) -> None:
@@ -119,7 +116,7 @@ class Core:
         so that the most frequent event costs no Python call and no tuple."""
         self._thread: threading.Thread | None = None
         self._accepting = True
-        self._stall_query: threading.Thread | None = None
+        self._stall_check = StallCheck(self, channel)
         self.failure: BaseException | None = None
         self._publish = channel is not None and rank == 0 and order == "rank0"
         self._observer: Callable[[SubTask], None] | None = None
@@ -133,11 +130,9 @@ class Core:
         if self._thread is None:
             if self._channel is not None and self.rank != 0 and self.order == "rank0":
                 self._channel.subscribe_order(lambda keys: self._events.put((_ANNOUNCE, keys)))
-            if self._channel is not None and self.rank != 0:
-                self._channel.subscribe(  # type: ignore[attr-defined]
-                    STALL_QUERY, lambda body: self.call_soon(lambda: self._answer_stall_query(body)))
             self._thread = threading.Thread(target=self._run, name=f"bytesched-core-{self.rank}", daemon=True)
             self._thread.start()
+            self._stall_check.start()
         return self
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -255,12 +250,18 @@ class Core:
 
     def _call_and_wait(self, fn: Callable[[], None], timeout: float = 10.0) -> None:
         """Run ``fn`` on the Core thread, in order with the other events, and wait for it."""
+        self.query(fn, timeout)
+
+    def query(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
+        """``fn()`` run on the Core thread, in order with the other events (its exception is
+        raised here, and the Core goes on); a RuntimeError if no answer came within ``timeout``."""
         done = threading.Event()
+        box: list[Any] = []
         errors: list[BaseException] = []
 
         def call() -> None:
             try:
-                fn()
+                box.append(fn())
             except BaseException as exc:  # handed to the caller, the Core goes on
                 errors.append(exc)
             done.set()
@@ -269,6 +270,17 @@ class Core:
             raise RuntimeError(f"bytesched Core did not answer within {timeout:g} s (is it running?)")
         if errors:
             raise errors[0]
+        return box[0]
+
+    def fail(self, error: BaseException, exit_reason: str) -> None:
+        """Stop the Core with ``error`` (every unfinished task gets it, the next ``enqueue``
+        raises it), and end the process unless it exits by itself in time (:func:`exit_later`
+        with ``exit_reason``): the stall check's way to end a job a peer left waiting."""
+        exit_later(exit_reason)
+
+        def raise_it() -> None:
+            raise error
+        self.call_soon(raise_it)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the Core thread, in order with the other events."""
@@ -310,6 +322,7 @@ class Core:
             log.exception("bytesched Core stopped on an error")
             self._fail_unfinished(exc)
         finally:
+            self._stall_check.stop()
             self._close_outputs()
 
     def _loop(self) -> None:
@@ -318,9 +331,8 @@ class Core:
         sched = self.scheduler
         clock = time.monotonic
         stop_deadline: float | None = None
-        next_stall_check = clock() + self._stall_period()
         while True:
-            timeout = self._wait_timeout(clock(), stop_deadline, next_stall_check)
+            timeout = self._wait_timeout(clock(), stop_deadline)
             try:
                 event = get(timeout=timeout)
             except queue.Empty:
@@ -358,9 +370,6 @@ class Core:
             now = clock()
             if not started and sched.wake_at() is not None and now >= sched.wake_at():
                 self._start_all(sched.tick(now))
-            if now >= next_stall_check:
-                self._warn_stalls(now)
-                next_stall_check = now + self._stall_period()
             if stop_deadline is not None and (sched.idle or now >= stop_deadline):
                 if not sched.idle:
                     self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
@@ -380,14 +389,10 @@ class Core:
             task.subtasks = []  # cut the task <-> sub-task cycle (see CommTask.subtasks)
         return started
 
-    def _wait_timeout(self, now: float, stop_deadline: float | None, next_stall_check: float) -> float:
-        deadline = next_stall_check
-        wake = self.scheduler.wake_at()
-        if wake is not None:
-            deadline = min(deadline, wake)
-        if stop_deadline is not None:
-            deadline = min(deadline, stop_deadline)
-        return max(0.0, deadline - now)
+    def _wait_timeout(self, now: float, stop_deadline: float | None) -> float | None:
+        """How long the thread may sleep in ``get`` (None: until an event comes)."""
+        deadlines = [d for d in (self.scheduler.wake_at(), stop_deadline) if d is not None]
+        return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _start_all(self, started: list[SubTask]) -> None:
         if not started:
@@ -401,80 +406,11 @@ class Core:
                 log.error("starting %r failed: %s", sub, exc)
                 sub.task.on_error(exc)
 
-    def _stall_period(self) -> float:
-        """How often in-flight sub-tasks are checked against the stall warning and timeout."""
-        timeout = self.config.stall_timeout_s
-        return min(self.config.stall_warning_s, timeout if timeout > 0 else math.inf) / 2
-
-    def _late(self, now: float, limit: float) -> list[SubTask]:
-        """The oldest sub-task of each unfinished task that has been in flight over ``limit`` s."""
-        late = []
-        for task in self.scheduler.unfinished():
-            subs = [s for s in task.subtasks if math.isnan(s.t_finish) and now - s.t_start > limit]
-            if subs:  # NaN t_start (not started) compares False above
-                late.append(subs[0])
-        return late
-
-    def _warn_stalls(self, now: float) -> None:
-        timeout = self.config.stall_timeout_s
-        if timeout > 0:
-            stuck = self._late(now, timeout)
-            if stuck:
-                what = _describe(stuck[0], now)
-                exit_later(f"{what} on rank {self.rank} (BYTESCHED_STALL_TIMEOUT_S={timeout:g})")
-                raise StallTimeout(f"stall timeout: {what} on rank {self.rank}, longer than "
-                                   f"BYTESCHED_STALL_TIMEOUT_S={timeout:g}; a peer is missing this collective "
-                                   f"(see the stall warnings above for which rank)")
-        late = self._late(now, self.config.stall_warning_s)
-        if late and self.rank == 0 and self._channel is not None:
-            if self._stall_query is None or not self._stall_query.is_alive():
-                self._stall_query = threading.Thread(target=self._ask_who_is_missing, args=(late, now),
-                                                     name="bytesched-stall-query", daemon=True)
-                self._stall_query.start()
-        else:
-            for sub in late:
-                log.warning("stall: %s on rank %d and has not finished (a peer may be missing this "
-                            "collective)", _describe(sub, now), self.rank)
-        if isinstance(self.policy, FollowOrderPolicy):
-            missing = self.policy.waiting_for()
-            if missing is not None:
-                log.warning("stall: rank 0 started %r but rank %d has not produced that tensor yet", missing, self.rank)
-
-    def _ask_who_is_missing(self, late: list[SubTask], now: float) -> None:
-        """Rank 0 (own thread): ask every follower whether it started the late sub-tasks, then warn
-        naming the ranks that have not: the question a user asks first about a stall."""
-        keys = [list(s.key) for s in late]
-        channel: Any = self._channel
-        try:
-            channel.broadcast(STALL_QUERY, {"keys": keys})
-            answers = channel.gather(STALL_ANSWER, timeout=min(10.0, self.config.stall_warning_s))
-        except Exception as exc:  # ChannelError: a follower did not answer (it may be the culprit)
-            answers, reason = {}, f"the ranks could not be asked: {exc}"
-        else:
-            reason = ""
-        for i, sub in enumerate(late):
-            missing = [rank for rank, body in sorted(answers.items()) if not _started_at(body, i, sub.key)]
-            who = (f"rank(s) {', '.join(map(str, missing))} have not started it" if missing
-                   else reason or "every rank has started it (a slow network or backend?)")
-            log.warning("stall: %s on rank 0 and has not finished: %s", _describe(sub, now), who)
-
-    def _answer_stall_query(self, body: dict[str, Any]) -> None:
-        """Follower (Core thread): tell rank 0 which of the queried sub-tasks this rank started."""
-        started = [self._has_started(key) for key in body.get("keys", [])]
-        self._channel.report(STALL_ANSWER, {"keys": body.get("keys", []), "started": started})  # type: ignore[union-attr]
-
-    def _has_started(self, key: list[Any]) -> bool:
-        name, instance, index = key
-        for task in self.scheduler.unfinished():
-            if task.name == name and task.instance == instance:
-                return index < len(task.subtasks) and not math.isnan(task.subtasks[index].t_start)
-        return instance < self.scheduler.instances(name)  # finished already, or not enqueued yet
-
     def _waiting_for(self, now: float) -> str:
         unfinished = self.scheduler.unfinished()
         in_flight = [s for t in unfinished for s in t.subtasks if math.isnan(s.t_finish) and not math.isnan(s.t_start)]
         if in_flight:
-            return _describe(min(in_flight, key=lambda s: s.t_start), now)
+            return describe(min(in_flight, key=lambda s: s.t_start), now)
         if unfinished:
             return f"tensor {unfinished[0].name!r} (ready, not started yet)"
         return "no communication (nothing in flight)"
@@ -491,18 +427,6 @@ class Core:
             self.timeline.close()
 
 
-def _describe(sub: SubTask, now: float) -> str:
-    """``tensor 'w' partition 1 of 3 (started 12 s ago)`` for logs and errors."""
-    return (f"tensor {sub.task.name!r} partition {sub.index} of {len(sub.task.subtasks)} "
-            f"(started {now - sub.t_start:.0f} s ago)")
-
-
-def _started_at(body: dict[str, Any], i: int, key: tuple[Any, ...]) -> bool:
-    """A follower's stall answer says it started the ``i``-th queried sub-task ``key``."""
-    keys, started = body.get("keys", []), body.get("started", [])
-    return i < len(keys) and i < len(started) and tuple(keys[i]) == tuple(key) and bool(started[i])
-
-
 # ----------------------------------------------------------------------------------------------
 # One Core per process.
 
@@ -511,7 +435,9 @@ _core_lock = threading.Lock()
 
 
 def init(config: Config, **kwargs: object) -> Core:
-    """Create and start this process's Core (the plugins call this; idempotent).
+    """Create and start this process's Core (idempotent). The plugins get theirs from
+    :func:`bytesched.runtime.start_core`, which also stops it at exit; whoever calls ``init``
+    directly calls :func:`shutdown` (the Core's thread is a daemon: it never keeps a process alive).
 
     A second call returns the running Core; it is an error if it asks for another config.
     """
@@ -534,13 +460,11 @@ def get_core() -> Core:
 
 
 def shutdown(timeout: float = 30.0) -> None:
-    """Stop this process's Core, if any (also run at interpreter exit, with a short timeout)."""
+    """Stop this process's Core, if any (:func:`bytesched.runtime.shutdown` calls this, at the end
+    of a ``running()`` block or at interpreter exit, after the plugins' objects closed)."""
     global _core
     with _core_lock:
         core, _core = _core, None
     if core is not None:
         core.shutdown(timeout)
-
-
-atexit.register(shutdown, 5.0)
 

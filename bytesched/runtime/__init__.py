@@ -1,7 +1,10 @@
 """The framework-agnostic life of a job in one process: the Core, its timeline, the rank-0 channel
-with its fault detection, and their shutdown at exit. A plugin supplies its :class:`Ranks` and its
-hooks; see :mod:`.lifecycle`."""
+with its fault detection, and one way to stop them all (:func:`shutdown`, at the end of a
+:func:`running` block or at exit). A plugin supplies its :class:`Workers` and its hooks; see
+:mod:`.lifecycle`."""
 
-from .lifecycle import Ranks, channel_of, needs_channel, on_channel_failure, start_core
+from .lifecycle import (ENGINE, PLUGIN, Ranks, Workers, channel_of, needs_channel, on_channel_failure, running,
+                        shutdown, start_core, track, untrack)
 
-__all__ = ["Ranks", "channel_of", "needs_channel", "on_channel_failure", "start_core"]
+__all__ = ["ENGINE", "PLUGIN", "Ranks", "Workers", "channel_of", "needs_channel", "on_channel_failure", "running",
+           "shutdown", "start_core", "track", "untrack"]

@@ -94,7 +94,6 @@ model. The kept sizes are :attr:`ScheduledKVStore.tuned_params`.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
@@ -110,7 +109,7 @@ from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, from_env
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
-from bytesched.core.timeline import open_timeline
+from bytesched.runtime import channel_of, on_channel_failure, start_core, track, untrack
 from bytesched.runtime.channel_ranks import ChannelRanks
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.start_observer import Observer
@@ -228,12 +227,27 @@ def _synchronous(kv_type: str) -> bool:
     return "dist" in kv_type and "async" not in kv_type
 
 
+def _need(kv_type: str) -> str:
+    """What a store of ``kv_type`` needs of the cross-worker order (module doc, "Cross-worker order")."""
+    return "ps" if _synchronous(kv_type) else "immediate"
+
+
 def _order_for(kv_type: str, config: Config, world_size: int, resized: bool) -> str:
     """``BYTESCHED_ORDER``, or for ``auto`` the rule of "Cross-worker order" (module doc);
     ``resized``: tuning or the start-up plan may set a credit later."""
-    need = "ps" if _synchronous(kv_type) else "immediate"
-    return order_mode(make_policy(config.policy, config.params), need=need, setting=config.order,
+    return order_mode(make_policy(config.policy, config.params), need=_need(kv_type), setting=config.order,
                       world_size=world_size, tuning=resized)
+
+
+@dataclass
+class _StoreWorkers:
+    """The workers as the runtime sees them (:class:`~bytesched.runtime.Workers`): workers of a
+    parameter server share no collectives, so the channel listens on its configured port."""
+
+    rank: int
+    size: int
+    order: str
+    barrier: Callable[[], None]
 
 
 def _policy_for(kv_type: str, config: Config) -> Policy | None:
@@ -270,15 +284,11 @@ class ScheduledKVStore(KVStoreBase):
         self._partition_bytes = (UNLIMITED if self._plan_wanted or not self.config.scheduling
                                  else partition_size(self.config.policy, self.config.params))
         self._resized = tuning or self._plan_wanted
-        self.order = _order_for(kvstore.type, self.config, self.world_size, self._resized)
-        self._channel = None
-        if (self.order == "rank0" or tuning) and self.world_size > 1:
-            from bytesched.core.channel import open_channel
-            self._channel = open_channel(self.config, self.core_rank, self.world_size)
-        self._core = bcore.init(self.config, rank=self.core_rank, order=self.order, channel=self._channel,
-                                policy=_policy_for(kvstore.type, self.config),
-                                timeline=open_timeline(self.config, rank=self.core_rank,
-                                                       world_size=self.world_size))
+        self._core = start_core(self.config, _StoreWorkers(self.core_rank, self.world_size, _need(kvstore.type),
+                                                         kvstore._barrier),
+                                policy=_policy_for(kvstore.type, self.config), resized=self._resized)
+        self.order = self._core.order
+        self._channel = channel_of(self._core)
         if self._plan_wanted:
             self._core.set_params(STAY_OUT)
             if self.order == "rank0":  # staying out holds nothing back: no order to share (module doc)
@@ -311,7 +321,8 @@ class ScheduledKVStore(KVStoreBase):
         self._prepared: dict[tuple[str, UserKey], tuple[Any, _Passed]] = {}  # _pass_through's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
         self._closed = False
-        atexit.register(self.close)
+        self._stop_listening = on_channel_failure(self._lost)
+        track(self)  # closed by bytesched.runtime.shutdown (at exit at the latest), before the Core stops
 
     # -- the KVStore interface ----------------------------------------------------------------
     @property
@@ -676,8 +687,9 @@ class ScheduledKVStore(KVStoreBase):
         self._check_healthy()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish outstanding communication, then close the rank-0 channel (idempotent; also
-        run at exit, before the proxies are drained)."""
+        """Finish outstanding communication (idempotent). :func:`bytesched.runtime.shutdown` (at
+        the end of a ``running()`` block, or at interpreter exit) closes a store still open,
+        then releases the proxies, stops the Core and closes the rank-0 channel."""
         if self._closed:
             return
         try:
@@ -687,8 +699,14 @@ class ScheduledKVStore(KVStoreBase):
             log.error("closing the ScheduledKVStore: %s", error)
         finally:
             self._closed = True
-            if self._channel is not None:
-                self._channel.close()
+            self._stop_listening()
+            untrack(self)
+
+    def _lost(self, error: BaseException) -> None:
+        """The rank-0 channel lost a worker: the next push, pull or wait raises ``error``."""
+        with self._lock:
+            self._error = self._error or error
+            self._lock.notify_all()
 
     # -- argument handling --------------------------------------------------------------------
     @staticmethod

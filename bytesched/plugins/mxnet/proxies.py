@@ -8,7 +8,6 @@ never enter Python: they only push to the library's queue.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import logging
 import threading
@@ -18,6 +17,8 @@ from typing import Protocol, Sequence
 import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, NDArrayHandle, check_call
+
+from bytesched.runtime import ENGINE, track
 
 log = logging.getLogger("bytesched")
 
@@ -232,7 +233,7 @@ class ProxyEvents:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="bytesched-mxnet-proxy-events", daemon=True)
         self._thread.start()
-        atexit.register(self.stop)
+        track(self, ENGINE)  # released by bytesched.runtime.shutdown once the plugins' objects closed
 
     def register(self, target: ProxyTarget) -> int:
         """A fresh token whose events go to ``target`` until :meth:`forget`."""
@@ -246,9 +247,9 @@ class ProxyEvents:
         with self._lock:
             self._targets.pop(token, None)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """At exit: release every proxy (MXNet waits for all engine operations when the process
-        ends, so none may stay open), deliver what is queued, end the thread."""
+    def close(self, timeout: float = 5.0) -> None:
+        """At shutdown: release every proxy (MXNet waits for all engine operations when the
+        process ends, so none may stay open), deliver what is queued, end the thread."""
         self.library.drain()
         self.library.close()
         self._thread.join(timeout)

@@ -13,7 +13,6 @@ reads are updated. The object keeps the ``torch.optim`` API, so LR schedulers, c
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import math
@@ -27,7 +26,7 @@ from torch import nn
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
-from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core
+from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
@@ -48,12 +47,11 @@ from .updates import PartialStep, hyperparameters
 
 log = logging.getLogger("bytesched")
 
-_live: "weakref.WeakSet[ScheduledOptimizer]" = weakref.WeakSet()
+_live: "weakref.WeakSet[ScheduledOptimizer]" = weakref.WeakSet()  # the open ones
 _sized_cores: "weakref.WeakSet[Core]" = weakref.WeakSet()  # Cores whose sizes a plan or a tuning session drives
 # The fusion bound a Core's start-up plan chose: every ScheduledOptimizer on that Core fuses its
 # buckets up to it at its next step boundary (unless its job fixed the bound).
 _planned_fusion: "weakref.WeakKeyDictionary[Core, float]" = weakref.WeakKeyDictionary()
-_atexit_registered = False
 
 
 class ScheduledOptimizer(torch.optim.Optimizer):
@@ -139,7 +137,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
         # whose groups and state already exist (unpickling); ours are the wrapped optimizer's.
         torch.optim.Optimizer.__setstate__(self, {})
-        _track(self)
+        _live.add(self)
+        track(self)  # closed by bytesched.runtime.shutdown (at exit at the latest), before the Core stops
 
     # -- the torch.optim API ------------------------------------------------------------------
     @property
@@ -267,7 +266,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
 
     def close(self, timeout: float = 60.0) -> None:
         """Let pending communication and updates land (up to ``timeout`` s), then remove the hooks
-        and stop the threads. Runs at interpreter exit for optimizers still open."""
+        and stop the threads. :func:`bytesched.runtime.shutdown` (at the end of a ``running()``
+        block, or at interpreter exit) closes optimizers still open."""
         if self._closed:
             return
         if not self._pipeline.wait_idle(timeout):
@@ -285,6 +285,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._pipeline.close()
         self._backend.close()
         _live.discard(self)
+        untrack(self)
 
     # -- internals ----------------------------------------------------------------------------
     @property
@@ -605,18 +606,3 @@ def _make_slots(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[Para
     if not slots:
         raise ValueError("the optimizer has no trainable parameters (requires_grad=True)")
     return slots
-
-
-def _track(optimizer: ScheduledOptimizer) -> None:
-    """Close live optimizers at interpreter exit, before Horovod and the Core shut down: this is
-    registered after hvd.init() (atexit runs in reverse order), when the first one is created."""
-    global _atexit_registered
-    _live.add(optimizer)
-    if not _atexit_registered:
-        atexit.register(_close_all)
-        _atexit_registered = True
-
-
-def _close_all() -> None:
-    for optimizer in list(_live):
-        optimizer.close(timeout=30.0)
