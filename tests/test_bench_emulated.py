@@ -25,7 +25,7 @@ from benchmarks.emulated.prediction import (IDEAL_PARTITION, MAX_OVERHEAD, SIZE_
                                                  ideal_credits, ideal_speedup, predict_group, refresh_ideals, resolve)
 from benchmarks.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from benchmarks.emulated.report import BEGIN, END, _calibration, group_table, overview, write_section
-from benchmarks.emulated.results import merge, summarize
+from benchmarks.emulated.results import merge, same_workloads, summarize
 from benchmarks.emulated.scaling import Scale, balanced_time_scale, scaled_profile
 from benchmarks.emulated.usage import Stopwatch
 from bytesched.core.config import SchedulingParams
@@ -157,6 +157,12 @@ def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scal
     assert [m["command"] for m in merged["sources"]] == ["first", "second", "policies", "third", "fourth"]
     with pytest.raises(ValueError, match="'vgg16' was scaled differently"):
         merge([part(0.1, "first", "torch-horovod"), part(0.2, "second", "mxnet-ps")])
+    # what can be reported together: the first file's scaling, in the order measured
+    early, late, other = (dict(part(0.1, "early", "torch-horovod"), meta={"command": "early", "started": "1"}),
+                          dict(part(0.1, "late", "mxnet-ps"), meta={"command": "late", "started": "3"}),
+                          dict(part(0.2, "4 ranks", "mxnet-ps"), meta={"command": "4 ranks", "started": "2"}))
+    kept, left = same_workloads([late, other, early])
+    assert [p["meta"]["command"] for p in kept] == ["early", "late"] and left == [other]
 
 
 def test_worker_options_round_trip() -> None:
@@ -413,13 +419,21 @@ def test_overview_shows_each_cell_once_and_counts_the_targets_met() -> None:
         group("torch-horovod", GBIT, {"off": 1.0, "bytescheduler": 1.05, "bytescheduler-sim": 1.2, "autotune": 1.1}),
         group("torch-horovod", GBIT, {"tictac": 1.25}),  # the policies, measured apart: same cell
         group("torch-horovod", 10 * GBIT, {"off": 0.95, "bytescheduler": 1.0}, ideal=1.0, communication=0.05),
-        group("mxnet-ps", GBIT, {"off": 1.3, "bytescheduler": 1.6}, ideal=2.0)]}
+        group("torch-horovod", 10 * GBIT, {"plan": 0.98, "policy-off": 1.0}, ideal=1.0, communication=0.05),
+        group("mxnet-ps", GBIT, {"off": 1.3, "bytescheduler": 1.6, "plan": 1.8}, ideal=2.0)]}
     text = "\n".join(overview(results))
     assert "| ranks, bandwidth | torch-horovod | mxnet-ps |" in text  # the frameworks in their usual order
-    assert "| 2, 1 Gbit/s | 1.00 / 1.05 / **1.20** sim / 1.20 | 1.30 / 1.60 / **1.60** defaults / 2.00 |" in text
-    assert "| 2, 10 Gbit/s | 0.95 / 1.00 / **1.00** defaults / 1.00 | not measured |" in text
-    assert "- Scheduling off >= 0.99x vanilla: met in 2 of 3 cells; missed in torch-horovod vgg16 10 Gbit/s 2r 0.95x." \
+    assert "| 2, 1 Gbit/s | 1.00 / 1.05 / - / **1.20** sim / 1.20 | 1.30 / 1.60 / 1.80 / **1.60** defaults / 2.00 |" \
         in text
+    assert "| 2, 10 Gbit/s | 0.95 / 1.00 / 0.98 / **1.00** defaults / 1.00 | not measured |" in text
+    assert "- Scheduling off (the Core, unlimited sizes) >= 0.99x vanilla: met in 2 of 3 cells; missed in " \
+           "torch-horovod vgg16 10 Gbit/s 2r 0.95x." in text
+    assert "- No settings (the start-up plan) >= 0.99x vanilla: met in 1 of 2 cells; missed in torch-horovod vgg16 " \
+           "10 Gbit/s 2r 0.98x." in text
+    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 1 of 2 cells; missed in " \
+           "mxnet-ps vgg16 1 Gbit/s 2r 0.90x." not in text  # 1.8 of 2.0 is 90 %: met
+    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 2 of 2 cells." in text
+    assert "- `BYTESCHED_POLICY=off` (the framework's own path) >= 0.99x vanilla: met in 1 of 1 cells." in text
     assert "speedup (figure: the share of it): met in 2 of 2 cells." in text  # the PS cell has its own target
     assert "defaults >= 90% of the ideal speedup (figure: the share of it): met in 1 of 2 cells; missed in " \
            "torch-horovod vgg16 1 Gbit/s 2r 0.88x." in text

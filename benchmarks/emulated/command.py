@@ -29,7 +29,7 @@ from .configs import CONFIGURATIONS
 from .calibration import Calibration
 from .prediction import as_measured, cluster_options, fit_probes, predict_group, refresh_ideals, resolve
 from .report import details_page, plot, summary, write_section
-from .results import FORMAT, load, merge, save
+from .results import FORMAT, load, merge, same_workloads, save
 from .runner import Workload, run_groups
 from .scaling import Scale, balanced_time_scale, scaled_profile
 
@@ -195,7 +195,11 @@ def write_docs(results: dict[str, Any], args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         if args.report is not None:
-            write_docs(merge([load(path) for path in args.report]), args)
+            kept, left = same_workloads([load(path) for path in args.report])
+            for part in left:
+                print(f"left out (its models were scaled otherwise; report it apart): {part['meta']['command']}",
+                      flush=True)
+            write_docs(merge(kept), args)
             return 0
         if args.quick:
             for name, value in QUICK.items():

@@ -130,6 +130,24 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def same_workloads(parts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The results files :func:`merge` can report together, and the others: taken in the order
+    they were measured, a file is kept if every model it shares with the kept ones was scaled the
+    same way (e.g. compute balanced at 2 ranks' all-reduce time, where a 4-rank run may balance it
+    at its own), else it is left out, to be reported apart."""
+    kept: list[dict[str, Any]] = []
+    left: list[dict[str, Any]] = []
+    workloads: dict[str, Any] = {}
+    for part in sorted(parts, key=lambda part: part["meta"].get("started", "")):
+        if any(workloads.get(name, workload) != workload for name, workload in part["workloads"].items()):
+            left.append(part)
+            continue
+        for name, workload in part["workloads"].items():
+            workloads.setdefault(name, workload)
+        kept.append(part)
+    return kept, left
+
+
 def _replaces(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     """``later`` measured ``earlier``'s cell again, with every configuration it had."""
     cell = ("framework", "model", "bits_per_second", "ranks")
