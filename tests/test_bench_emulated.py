@@ -24,8 +24,8 @@ from benchmarks.emulated.prediction import (IDEAL_PARTITION, MAX_OVERHEAD, SIZE_
                                                  fit_probes, fit_scheduled_latency, fit_scheduled_overhead,
                                                  ideal_credits, ideal_speedup, predict_group, refresh_ideals, resolve)
 from benchmarks.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
-from benchmarks.emulated.report import BEGIN, END, _calibration, group_table, overview, write_section
-from benchmarks.emulated.results import merge, same_workloads, summarize
+from benchmarks.emulated.report import BEGIN, END, _calibration, group_table, overview, summary, write_section
+from benchmarks.emulated.results import families, merge, same_workloads, summarize
 from benchmarks.emulated.scaling import Scale, balanced_time_scale, scaled_profile
 from benchmarks.emulated.usage import Stopwatch
 from bytesched.core.config import SchedulingParams
@@ -163,6 +163,7 @@ def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scal
                           dict(part(0.2, "4 ranks", "mxnet-ps"), meta={"command": "4 ranks", "started": "2"}))
     kept, left = same_workloads([late, other, early])
     assert [p["meta"]["command"] for p in kept] == ["early", "late"] and left == [other]
+    assert families([late, other, early]) == [[early, late], [other]]
 
 
 def test_worker_options_round_trip() -> None:
@@ -441,6 +442,24 @@ def test_overview_shows_each_cell_once_and_counts_the_targets_met() -> None:
     assert "included (figure: its speedup): met in 1 of 2 cells; missed in torch-horovod vgg16 1 Gbit/s 2r 1.20x." \
         in text
     assert "plain KVStore: met in 1 of 1 cells." in text
+
+
+def test_runs_scaled_otherwise_get_a_glance_of_their_own(tmp_path: Path) -> None:
+    def results(ranks: int, compute: float, speedup: float) -> dict[str, Any]:
+        runs = [{"config": "vanilla", "round": 0, "samples_per_second": 100.0},
+                {"config": "plan", "round": 0, "samples_per_second": 100.0 * speedup}]
+        return {"sources": [{"command": f"{ranks} ranks"}], "workloads": {"vgg16": {"compute_seconds": compute}},
+                "groups": [{"framework": "mxnet-ps", "model": "vgg16", "bits_per_second": GBIT, "ranks": ranks,
+                            "configs": ["vanilla", "plan"], "runs": runs, "prediction": {}}]}
+
+    text = summary(results(2, 0.192, 1.3), tmp_path / "details.md", tmp_path / "benchmarks.md",
+                   [results(4, 0.288, 0.97)])
+    main, other = text.split("### 4 ranks, compute per iteration: vgg16 288 ms")
+    assert "| 2, 1 Gbit/s | - / - / 1.30 / - / - |" in main and "4, 1 Gbit/s" not in main
+    assert "| 4, 1 Gbit/s | - / - / 0.97 / - / - |" in other
+    assert "No settings (the start-up plan) >= 0.99x vanilla: met in 0 of 1 cells; missed in mxnet-ps vgg16 " \
+           "1 Gbit/s 4r 0.97x." in other
+    assert "from 2 result files" in other
 
 
 def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> None:

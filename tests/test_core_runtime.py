@@ -258,6 +258,20 @@ def test_stall_timeout_fails_the_core_and_its_tasks_from_the_stall_check(monkeyp
         core.enqueue(BufferTask("next", 0, 4))
 
 
+def test_a_core_thread_blocked_in_a_start_is_reported_by_the_stall_check(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(core_mod.stall_check, "QUERY_S", 0.2)
+    core = make_core(stall_warning_s=0.2)
+    blocked = threading.Event()
+    task = BufferTask("layer3.weight", 0, 4, on_start=lambda sub: blocked.wait(2.0))  # a backend stuck in start()
+    with caplog.at_level(logging.WARNING, logger="bytesched"):
+        core.enqueue(task, ready=True)
+        time.sleep(1.0)
+        blocked.set()
+    core.shutdown(1.0)
+    assert any("Core thread of rank 0 has not answered" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_set_params_and_stats_through_the_core() -> None:
     core = make_core(credit=4, partition=4)
     held: list[SubTask] = []

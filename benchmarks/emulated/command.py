@@ -17,7 +17,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from bytesched.core.config import ConfigError, parse_size
 from ..emulation import parse_rate, unavailable_reason
@@ -29,7 +29,7 @@ from .configs import CONFIGURATIONS
 from .calibration import Calibration
 from .prediction import as_measured, cluster_options, fit_probes, predict_group, refresh_ideals, resolve
 from .report import details_page, plot, summary, write_section
-from .results import FORMAT, load, merge, same_workloads, save
+from .results import FORMAT, families, load, merge, save
 from .runner import Workload, run_groups
 from .scaling import Scale, balanced_time_scale, scaled_profile
 
@@ -184,22 +184,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def write_docs(results: dict[str, Any], args: argparse.Namespace) -> None:
-    refresh_ideals(results)
+def write_docs(results: dict[str, Any], args: argparse.Namespace, others: Sequence[dict[str, Any]] = ()) -> None:
+    """The generated section of the benchmarks page, the page of every run and the plots; runs whose
+    models were scaled otherwise (``others``) get tables of their own, without plots."""
+    for each in (results, *others):
+        refresh_ideals(each)
     images = plot(results, args.img_dir)
-    write_section(args.docs_file, summary(results, args.details_file, args.docs_file))
-    args.details_file.write_text(details_page(results, images, args.details_file) + "\n")
+    write_section(args.docs_file, summary(results, args.details_file, args.docs_file, others))
+    args.details_file.write_text(details_page(results, images, args.details_file, others) + "\n")
     print(f"wrote {args.docs_file}, {args.details_file} and {len(images)} plot(s) in {args.img_dir}", flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         if args.report is not None:
-            kept, left = same_workloads([load(path) for path in args.report])
-            for part in left:
-                print(f"left out (its models were scaled otherwise; report it apart): {part['meta']['command']}",
-                      flush=True)
-            write_docs(merge(kept), args)
+            main_family, *others = families([load(path) for path in args.report])
+            write_docs(merge(main_family), args, [merge(other) for other in others])
             return 0
         if args.quick:
             for name, value in QUICK.items():

@@ -148,6 +148,16 @@ def same_workloads(parts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     return kept, left
 
 
+def families(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``parts`` split into the sets :func:`merge` can report together (:func:`same_workloads`,
+    again on what it left out), the first-measured scaling first."""
+    found = []
+    while parts:
+        kept, parts = same_workloads(parts)
+        found.append(kept)
+    return found
+
+
 def _replaces(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     """``later`` measured ``earlier``'s cell again, with every configuration it had."""
     cell = ("framework", "model", "bits_per_second", "ranks")

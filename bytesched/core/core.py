@@ -186,7 +186,7 @@ class Core:
         """From now on, also hand every finished sub-task to ``observer`` (None: stop), on the
         Core thread, as the timeline gets them: how the start-up plan sees a step's gradients.
         Returns once the Core switched, so the caller may then read what the old one recorded."""
-        self._call_and_wait(lambda: setattr(self, "_observer", observer))
+        self.query(lambda: setattr(self, "_observer", observer))
 
     def wait_idle(self, timeout: float) -> bool:
         """Until every sub-task enqueued so far has finished and the Core has handled its finish
@@ -195,9 +195,7 @@ class Core:
         first): the start-up plan waits here so that its observer has seen every finish."""
         deadline = time.monotonic() + timeout
         while True:
-            idle: list[bool] = []
-            self._call_and_wait(lambda: idle.append(self.scheduler.idle))
-            if idle[0]:
+            if self.query(lambda: self.scheduler.idle):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -230,7 +228,7 @@ class Core:
             self.policy = policy
             self.scheduler.set_policy(policy)
             self._replaced_order = None
-        self._call_and_wait(switch)
+        self.query(switch)
 
     @property
     def start_order(self) -> str:
@@ -246,11 +244,7 @@ class Core:
             self.policy = make(leader)
             self.scheduler.set_policy(self.policy)
             self._publish = False
-        self._call_and_wait(switch)
-
-    def _call_and_wait(self, fn: Callable[[], None], timeout: float = 10.0) -> None:
-        """Run ``fn`` on the Core thread, in order with the other events, and wait for it."""
-        self.query(fn, timeout)
+        self.query(switch)
 
     def query(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
         """``fn()`` run on the Core thread, in order with the other events (its exception is
@@ -288,19 +282,15 @@ class Core:
 
     def take_stats(self) -> Stats:
         """Counters since the previous call, read consistently on the Core thread."""
-        box: list[Stats] = []
-        self._call_and_wait(lambda: box.append(self.scheduler.take_stats()))
-        return box[0]
+        return self.query(self.scheduler.take_stats)
 
     def describe_waiting(self, timeout: float = 2.0) -> str:
         """What this rank's communication waits for: the oldest sub-task in flight (or queued),
         for the message of a fault. Safe from any thread; never blocks longer than ``timeout``."""
-        box: list[str] = []
-        done = threading.Event()
-        self.call_soon(lambda: (box.append(self._waiting_for(time.monotonic())), done.set()))
-        if not done.wait(timeout) or not box:
+        try:
+            return self.query(lambda: self._waiting_for(time.monotonic()), timeout)
+        except RuntimeError:
             return "unknown (the bytesched Core did not answer)"
-        return box[0]
 
     def _refusal(self, task: CommTask) -> RuntimeError:
         """Why ``task`` cannot be enqueued (the Core failed, was shut down or never started)."""
