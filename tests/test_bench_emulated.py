@@ -25,7 +25,7 @@ from benchmarks.emulated.prediction import (IDEAL_PARTITION, MAX_OVERHEAD, SIZE_
                                                  ideal_credits, ideal_speedup, predict_group, refresh_ideals, resolve)
 from benchmarks.emulated.protocol import parse, parse_runs, parse_worker_args, worker_argv, worker_parser
 from benchmarks.emulated.report import BEGIN, END, _calibration, group_table, overview, summary, write_section
-from benchmarks.emulated.results import families, merge, same_workloads, summarize
+from benchmarks.emulated.results import families, merge, summarize
 from benchmarks.emulated.scaling import Scale, balanced_time_scale, scaled_profile
 from benchmarks.emulated.usage import Stopwatch
 from bytesched.core.config import SchedulingParams
@@ -161,8 +161,6 @@ def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scal
     early, late, other = (dict(part(0.1, "early", "torch-horovod"), meta={"command": "early", "started": "1"}),
                           dict(part(0.1, "late", "mxnet-ps"), meta={"command": "late", "started": "3"}),
                           dict(part(0.2, "4 ranks", "mxnet-ps"), meta={"command": "4 ranks", "started": "2"}))
-    kept, left = same_workloads([late, other, early])
-    assert [p["meta"]["command"] for p in kept] == ["early", "late"] and left == [other]
     assert families([late, other, early]) == [[early, late], [other]]
 
 
@@ -431,9 +429,7 @@ def test_overview_shows_each_cell_once_and_counts_the_targets_met() -> None:
            "torch-horovod vgg16 10 Gbit/s 2r 0.95x." in text
     assert "- No settings (the start-up plan) >= 0.99x vanilla: met in 1 of 2 cells; missed in torch-horovod vgg16 " \
            "10 Gbit/s 2r 0.98x." in text
-    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 1 of 2 cells; missed in " \
-           "mxnet-ps vgg16 1 Gbit/s 2r 0.90x." not in text  # 1.8 of 2.0 is 90 %: met
-    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 2 of 2 cells." in text
+    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 2 of 2 cells." in text  # 1.8 of 2.0
     assert "- `BYTESCHED_POLICY=off` (the framework's own path) >= 0.99x vanilla: met in 1 of 1 cells." in text
     assert "speedup (figure: the share of it): met in 2 of 2 cells." in text  # the PS cell has its own target
     assert "defaults >= 90% of the ideal speedup (figure: the share of it): met in 1 of 2 cells; missed in " \

@@ -130,32 +130,23 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def same_workloads(parts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The results files :func:`merge` can report together, and the others: taken in the order
-    they were measured, a file is kept if every model it shares with the kept ones was scaled the
-    same way (e.g. compute balanced at 2 ranks' all-reduce time, where a 4-rank run may balance it
-    at its own), else it is left out, to be reported apart."""
-    kept: list[dict[str, Any]] = []
-    left: list[dict[str, Any]] = []
-    workloads: dict[str, Any] = {}
+def families(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``parts`` split into the sets :func:`merge` can report together, in the order measured: a
+    file joins the first set whose models it shares were all scaled the same way (a 4-rank run may
+    balance compute at its own all-reduce time, where the matrix balances it at 2 ranks'), else it
+    starts a set of its own."""
+    found: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # (models' scaling, files)
     for part in sorted(parts, key=lambda part: part["meta"].get("started", "")):
-        if any(workloads.get(name, workload) != workload for name, workload in part["workloads"].items()):
-            left.append(part)
-            continue
+        for workloads, files in found:
+            if all(workloads.get(name, workload) == workload for name, workload in part["workloads"].items()):
+                break
+        else:
+            workloads, files = {}, []
+            found.append((workloads, files))
         for name, workload in part["workloads"].items():
             workloads.setdefault(name, workload)
-        kept.append(part)
-    return kept, left
-
-
-def families(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """``parts`` split into the sets :func:`merge` can report together (:func:`same_workloads`,
-    again on what it left out), the first-measured scaling first."""
-    found = []
-    while parts:
-        kept, parts = same_workloads(parts)
-        found.append(kept)
-    return found
+        files.append(part)
+    return [files for _, files in found]
 
 
 def _replaces(later: dict[str, Any], earlier: dict[str, Any]) -> bool:

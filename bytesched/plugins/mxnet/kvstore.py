@@ -664,9 +664,8 @@ class ScheduledKVStore(KVStoreBase):
     def _failed(self, task: KVCommTask, error: BaseException) -> None:
         log.error("communication of %r failed: %s", task, error)
         with self._lock:
-            self._error = self._error or error
             self._tasks.pop(task.token, None)
-            self._lock.notify_all()
+            self._lost(error)  # under the same hold of the lock: no waiter sees the task gone but no error
 
     def _check_healthy(self) -> None:
         if self._closed:
@@ -703,7 +702,8 @@ class ScheduledKVStore(KVStoreBase):
             untrack(self)
 
     def _lost(self, error: BaseException) -> None:
-        """The rank-0 channel lost a worker: the next push, pull or wait raises ``error``."""
+        """Communication failed (a task's, or the rank-0 channel lost a worker): the next push, pull
+        or wait raises ``error``."""
         with self._lock:
             self._error = self._error or error
             self._lock.notify_all()
