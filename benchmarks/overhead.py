@@ -19,8 +19,10 @@ framework and mode: the median over rounds of each job's milliseconds per step, 
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
 (every thread's, voluntary and not: each time a thread blocks, on the GIL, a lock, a queue or the
 network, or is preempted), the measurable trace of the thread hand-offs on each path, with its
-number of threads. The emulated-network
-benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
+number of threads; and rank 0's CPU time per tensor in each of its threads (Python's by their
+names, the libraries' by the kernel's, ``(native)``), which says where the cost lies: the
+training thread, bytesched's threads (Core, updates, Horovod poller), or the library's. The
+emulated-network benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
 this one shows nothing else.
 """
 
@@ -35,6 +37,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -51,7 +54,8 @@ MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_B
 """Each mode and the environment its job runs with, over the caller's."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
-RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+) passing=([01])")
+RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+) passing=([01]) "
+                    r"cpu_ms_by_thread=(\{.*\})")
 JOB_TIMEOUT_S = 300.0
 
 
@@ -63,25 +67,49 @@ class JobResult(NamedTuple):
     threads: int
     passes_through: bool = False
     """bytesched's plan stayed out and the gradients took the framework's own path."""
+    cpu_ms_by_thread: dict[str, float] = {}
+    """CPU milliseconds per step of each thread (threads of one name summed)."""
 
 
 # -- the worker (one rank) --------------------------------------------------------------------
 
 class Window:
-    """The timed steps' wall-clock seconds and this process's context switches over them."""
+    """The timed steps' wall-clock seconds, and this process's context switches and each thread's
+    CPU time over them."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.switches = 0
+        self.cpu_by_thread: dict[str, float] = {}  # CPU seconds, threads of one name summed
         self.passing = False  # a scheduled job's plugin passed through (its plan stayed out)
 
     def start(self) -> None:
+        self._cpu = _thread_cpu()
         self._began, self._switched = time.perf_counter(), _context_switches()
 
     def stop(self) -> "Window":
         self.seconds = time.perf_counter() - self._began
         self.switches = _context_switches() - self._switched
+        for tid, (name, seconds) in _thread_cpu().items():
+            used = seconds - self._cpu.get(tid, (name, 0.0))[1]
+            self.cpu_by_thread[name] = self.cpu_by_thread.get(name, 0.0) + used
         return self
+
+
+def _thread_cpu() -> dict[int, tuple[str, float]]:
+    """Each live thread of this process: its name (Python's, or the kernel's with ``(native)`` for
+    the libraries' threads) and its CPU seconds so far (the scheduler's nanosecond count)."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    threads = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            ns = int((task / "schedstat").read_text().split()[0])
+            comm = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        tid = int(task.name)
+        threads[tid] = (names.get(tid, f"{comm} (native)"), ns / 1e9)
+    return threads
 
 
 def _context_switches() -> int:
@@ -251,7 +279,9 @@ def _worker_main() -> int:
     if rank == "0":
         print(f"OVERHEAD ms_per_step={window.seconds / args.steps * 1e3:.3f} "
               f"switches_per_step={window.switches / args.steps:.1f} threads={_threads()} "
-              f"passing={int(window.passing)}", flush=True)
+              f"passing={int(window.passing)} cpu_ms_by_thread="
+              f"{json.dumps({name: round(s / args.steps * 1e3, 3) for name, s in window.cpu_by_thread.items()})}",
+              flush=True)
     return 0
 
 
@@ -283,7 +313,8 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
         tail = "\n".join(output.splitlines()[-30:])
         raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
-    return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)), found.group(4) == "1")
+    return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)), found.group(4) == "1",
+                     json.loads(found.group(5)))
 
 
 def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
@@ -303,7 +334,8 @@ def modes_of(framework: str, chosen: tuple[str, ...] = tuple(MODES)) -> tuple[st
 def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict[str, Any]:
     """Per framework and mode: median, min and max ms per step, the median's excess over
     ``plain`` per tensor (microseconds), the median context switches per tensor, the threads and
-    how many of the jobs passed through."""
+    how many of the jobs passed through; and per thread, the median CPU microseconds per tensor
+    (a thread missing from a job counts as 0 there), the busiest thread first."""
     result: dict[str, Any] = {}
     for framework, modes in runs.items():
         plain = statistics.median(run.ms_per_step for run in modes["plain"])
@@ -316,8 +348,17 @@ def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict
                 "us_per_tensor_over_plain": round((statistics.median(times) - plain) / tensors * 1e3, 1),
                 "switches_per_tensor": round(statistics.median(job.switches_per_step for job in jobs) / tensors, 2),
                 "threads": max(job.threads for job in jobs),
-                "passed_through": sum(job.passes_through for job in jobs)}
+                "passed_through": sum(job.passes_through for job in jobs),
+                "cpu_us_per_tensor_by_thread": _cpu_by_thread(jobs, tensors)}
     return result
+
+
+def _cpu_by_thread(jobs: list[JobResult], tensors: int) -> dict[str, float]:
+    """Median over ``jobs`` of each thread's CPU microseconds per tensor, busiest first."""
+    names = {name for job in jobs for name in job.cpu_ms_by_thread}
+    medians = {name: statistics.median(job.cpu_ms_by_thread.get(name, 0.0) for job in jobs) / tensors * 1e3
+               for name in names}
+    return {name: round(us, 1) for name, us in sorted(medians.items(), key=lambda item: -item[1])}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -359,6 +400,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"| {framework} | {mode} | {row['ms_per_step']} [{row['min']}-{row['max']}] | "
                   f"{row['us_per_tensor_over_plain']} us | {row['switches_per_tensor']} | {row['threads']} | "
                   f"{row['passed_through']} of {args.rounds} |")
+    print("\nRank 0's CPU per tensor by thread (median of rounds; threads under 1 us left out)")
+    print("| framework | mode | CPU us per tensor: thread |\n|---|---|---|")
+    for framework, modes in result["results"].items():
+        for mode, row in modes.items():
+            threads = ", ".join(f"{name} {us}" for name, us in row["cpu_us_per_tensor_by_thread"].items() if us >= 1)
+            print(f"| {framework} | {mode} | {threads} |")
     return 0
 
 

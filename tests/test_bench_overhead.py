@@ -14,15 +14,20 @@ from conftest import require, run_job
 
 def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
     def jobs(*times: float) -> list[JobResult]:
-        return [JobResult(ms, switches_per_step=8.0 * ms, threads=int(ms)) for ms in times]
+        return [JobResult(ms, switches_per_step=8.0 * ms, threads=int(ms),
+                          cpu_ms_by_thread={"MainThread": ms / 2, **({"bytesched-core-0": 1.0} if ms > 15 else {})})
+                for ms in times]
 
     result = summarize({"mxnet": {"plain": jobs(10.0, 12.0, 11.0), "unfused": jobs(20.0, 15.0, 30.0),
                                   "fused": jobs(9.0, 9.0, 9.0)}}, tensors=4)
     assert result["mxnet"]["plain"] == {"ms_per_step": 11.0, "min": 10.0, "max": 12.0, "us_per_tensor_over_plain": 0.0,
                                         "switches_per_tensor": 22.0, "threads": 12,  # 8 x 11 / 4; the most
-                                        "passed_through": 0}
+                                        "passed_through": 0, "cpu_us_per_tensor_by_thread": {"MainThread": 1375.0}}
     assert result["mxnet"]["unfused"]["us_per_tensor_over_plain"] == 2250.0  # (20 - 11) ms / 4
     assert result["mxnet"]["fused"]["us_per_tensor_over_plain"] == -500.0
+    # Per thread, the median over jobs (0 where a job lacks the thread), busiest first.
+    assert result["mxnet"]["unfused"]["cpu_us_per_tensor_by_thread"] == {"MainThread": 2500.0,
+                                                                         "bytesched-core-0": 250.0}
 
 
 @pytest.mark.multiproc
@@ -48,6 +53,7 @@ def test_every_mode_runs_on_two_ranks(framework: str, modes: str) -> None:
     for jobs in report["runs"][framework].values():
         [job] = jobs
         assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job
+        assert job["cpu_ms_by_thread"]["MainThread"] > 0, job
     runs = report["runs"][framework]
     if "off" in runs:
         assert runs["off"][0]["passes_through"] and not runs["core"][0]["passes_through"]  # off: from the first step

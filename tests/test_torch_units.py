@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from bytesched.core import from_env, shutdown
 from bytesched.plugins.torch import ScheduledOptimizer
@@ -80,6 +81,30 @@ def test_partial_updates_equal_one_full_step(name: str) -> None:
         for key, value in values.items():
             other = state["state"][index][key]
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(other)), (name, index, key)
+
+
+def test_partial_updates_still_run_the_step_hooks_a_user_registered() -> None:
+    """Without hooks the update skips torch's step wrapper; with one (of the optimizer, or
+    global) it goes through the wrapper, so the hook sees every partial step as before."""
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    update = PartialStep(opt, type(opt).step)
+    calls: list[str] = []
+    params = list(model.parameters())
+
+    def step_once() -> None:
+        with torch.no_grad():
+            update(params[:1], [torch.ones_like(params[0])], hyperparameters(opt)[0])
+    step_once()
+    assert calls == []
+    handle = opt.register_step_post_hook(lambda *_: calls.append("optimizer"))
+    step_once()
+    handle.remove()
+    handle = register_optimizer_step_pre_hook(lambda *_: calls.append("global"))
+    step_once()
+    handle.remove()
+    step_once()
+    assert calls == ["optimizer", "global"]
 
 
 def test_stand_in_gradient_survives_model_zero_grad() -> None:
@@ -194,6 +219,26 @@ def test_poller_reports_completions_in_completion_order_and_sleeps_meanwhile() -
             time.sleep(0.01)
         assert reported[0] == 3 and sorted(reported) == [1, 2, 3]
         assert sorted(handles.released) == [1, 2, 3]
+    finally:
+        poller.close()
+
+
+def test_poller_rounds_poll_in_start_order_up_to_the_first_running_handle() -> None:
+    """A round stops at the first handle still running; a full scan reports those behind it."""
+    handles = Handles()
+    polled: list[int] = []
+
+    def poll(handle: int) -> bool:
+        polled.append(handle)
+        return handles.poll(handle)
+
+    poller = HandlePoller(poll, handles.release)
+    try:
+        in_flight = [(handle, lambda error: None) for handle in (1, 2, 3, 4)]
+        handles.done.update({1, 3, 4})
+        assert [h for h, _ in poller._finished(in_flight, full=False)] == [1]
+        assert polled == [1, 2]
+        assert [h for h, _ in poller._finished(in_flight, full=True)] == [1, 3, 4]
     finally:
         poller.close()
 

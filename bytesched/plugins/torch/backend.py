@@ -45,8 +45,8 @@ class Backend(ABC):
 
     @abstractmethod
     def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The buffer to all-reduce in place for the packed gradients ``flat`` (1-D, contiguous),
-        and the context ``finalize`` needs."""
+        """The buffer to all-reduce in place for the packed gradients ``flat`` (contiguous: 1-D,
+        or a lone gradient's shape, see :func:`~.fusion.pack`), and the context ``finalize`` needs."""
 
     @abstractmethod
     def start(self, task: "GradientTask", sub: SubTask) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -63,19 +63,26 @@ class HandlePoller:
     """Reports finished Horovod handles to callbacks, in whatever order they finish.
 
     Horovod's PyTorch binding has no completion callback, and ``hvd.synchronize()`` waits by
-    spinning (a ``sched_yield`` loop that keeps a core busy). So one thread checks every in-flight
-    handle with ``hvd.poll()`` and sleeps between rounds: the sleep starts at ``min_interval`` after
+    spinning (a ``sched_yield`` loop that keeps a core busy). So one thread polls the in-flight
+    handles with ``hvd.poll()`` and sleeps between rounds: the sleep starts at ``min_interval`` after
     a completion and doubles up to ``max_interval`` while none comes, and the thread blocks on a
-    condition when nothing is in flight. A completion is reported at most ``max_interval`` late and
-    never waits behind an earlier-started handle.
+    condition when nothing is in flight.
+
+    Horovod's background thread runs collectives one after another, in the order its coordinator
+    fused them, which is mostly the order they were started in. So a round polls the handles in
+    start order and stops at the first one still running; every ``full_scan_every``-th round polls
+    them all, so a handle that finished behind a slower, earlier one is reported at most that many
+    rounds late. Polling every handle every round cost 10 polls per handle (14 us of CPU per
+    tensor, 188 unfused tensors over 2 ranks on the development VM).
     """
 
     def __init__(self, poll: Callable[[int], bool], release: Callable[[int], Any],
-                 min_interval: float = 0.0001, max_interval: float = 0.002) -> None:
+                 min_interval: float = 0.0001, max_interval: float = 0.002, full_scan_every: int = 4) -> None:
         self._poll = poll
         self._release = release
         self._min = min_interval
         self._max = max_interval
+        self._full_scan_every = full_scan_every
         self._pending: dict[int, Callable[[BaseException | None], None]] = {}
         self._cond = threading.Condition()
         self._closed = False
@@ -100,6 +107,7 @@ class HandlePoller:
 
     def _run(self) -> None:
         interval = self._min
+        rounds = 0
         while True:
             with self._cond:
                 while not self._pending and not self._closed:
@@ -107,11 +115,12 @@ class HandlePoller:
                     interval = self._min
                 if not self._pending:
                     return
-                in_flight = list(self._pending.items())
-            finished = [(h, cb) for h, cb in in_flight if self._poll(h)]
-            for handle, on_done in finished:
-                with self._cond:
+                rounds += 1
+                # In start order (dicts keep insertion order), under the lock: no copy per round.
+                finished = self._finished(self._pending.items(), full=rounds % self._full_scan_every == 0)
+                for handle, _ in finished:
                     del self._pending[handle]
+            for handle, on_done in finished:
                 try:
                     self._release(handle)  # returns at once for a finished handle; raises its error
                 except BaseException as error:  # HorovodInternalError: report it to the task
@@ -120,6 +129,19 @@ class HandlePoller:
                     on_done(None)
             interval = self._min if finished else min(2 * interval, self._max)
             time.sleep(interval)  # new handles need no wake-up: they cannot have finished yet
+
+    def _finished(self, in_flight: Iterable[tuple[int, Callable[[BaseException | None], None]]],
+                  full: bool) -> list[tuple[int, Callable[[BaseException | None], None]]]:
+        """The finished ones of ``in_flight``: all of them (``full``), or those before the first
+        one still running."""
+        if full:
+            return [(handle, on_done) for handle, on_done in in_flight if self._poll(handle)]
+        finished = []
+        for handle, on_done in in_flight:
+            if not self._poll(handle):
+                break
+            finished.append((handle, on_done))
+        return finished
 
 
 class HorovodBackend(Backend):

@@ -31,7 +31,8 @@ class GradientTask(CommTask):
     Attributes:
         bucket: the parameters whose gradients this task carries.
         grads: their gradient tensors (each ``param.grad`` when the task was created).
-        wire: flat, contiguous buffer that is all-reduced in place (may alias a lone gradient).
+        wire: contiguous buffer that is all-reduced in place: flat, or a lone gradient's memory
+            in its shape.
         context: what the backend needs to turn ``wire`` back into ``grads`` (compression).
         device: where the wire buffer lives.
         versions: each gradient's ``_version`` expected when it is next looked at; a different
@@ -78,6 +79,7 @@ class GradientTask(CommTask):
         wire = self.wire
         if size >= self.nbytes:  # one piece: the buffer itself (a slice costs a tensor view)
             return [(wire, self.nbytes)]
+        wire = wire.view(-1)  # a lone gradient's buffer keeps its shape (see fusion.pack)
         itemsize = wire.element_size()
         return [(wire[a:b], (b - a) * itemsize) for a, b in split_elements(wire.numel(), itemsize, size)]
 

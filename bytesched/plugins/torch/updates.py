@@ -15,7 +15,10 @@ view of it that holds only the parameters whose gradients are ready, so every pe
 
 Several parameters go through one call when their gradients are ready together: one ``step()``
 over 188 parameters took 7.9 ms where 188 one-parameter calls took 20.1 ms (the call's own
-Python overhead, paid per call).
+Python overhead, paid per call). That overhead is mostly torch's wrapper around every ``step``
+(a profiler record and the step hooks): when no step hook is registered and the profiler is off
+the wrapper has nothing to do, and the call goes to the step it wraps (one-parameter calls of
+SGD: 15-20 us instead of 32-44 us, 64-wide MLP on the 2-core development VM).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.optim import optimizer as torch_optimizer
 
 
 def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -43,6 +47,8 @@ class PartialStep:
                  step_fn: Callable[[torch.optim.Optimizer], Any]) -> None:
         self._optimizer = optimizer
         self._step_fn = step_fn
+        self._bare_step_fn: Callable[[torch.optim.Optimizer], Any] | None = getattr(step_fn, "__wrapped__", None)
+        """The step inside torch's profiling and hook wrapper (``Optimizer.profile_hook_step``)."""
 
     def __call__(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
                  hparams: dict[str, Any]) -> None:
@@ -62,8 +68,23 @@ class PartialStep:
             if param in state:
                 state[stand_in] = state.pop(param)
         try:
-            self._step_fn(view)
+            self._step_function()(view)
         finally:
             for param, stand_in in zip(params, stand_ins):
                 if stand_in in state:
                     state[param] = state.pop(stand_in)
+
+    def _step_function(self) -> Callable[[torch.optim.Optimizer], Any]:
+        """The step to call: the bare one unless the wrapper has work (a step hook, global or of
+        this optimizer, or a running profiler) or torch no longer names what it checks."""
+        bare = self._bare_step_fn
+        if bare is None or torch.autograd._profiler_enabled():
+            return self._step_fn
+        optimizer = self._optimizer
+        hooks = (getattr(optimizer, "_optimizer_step_pre_hooks", None),
+                 getattr(optimizer, "_optimizer_step_post_hooks", None),
+                 getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+                 getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+        if any(registered is None or registered for registered in hooks):
+            return self._step_fn
+        return bare
