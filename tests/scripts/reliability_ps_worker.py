@@ -1,10 +1,13 @@
-"""A dist_sync worker (the model of mxnet_train.py, through ScheduledKVStore) that kills a server.
+"""A dist_sync worker (the model of mxnet_train.py, through ScheduledKVStore) that kills a server,
+or freezes.
 
 Run under ``bytesched launch``. Prints ``PROGRESS rank=<r> step=<s>`` after each step; at step
 ``--kill-server-at`` worker 0 SIGKILLs server 0 of its own job (found by its ps-lite environment:
 ``DMLC_ROLE=server`` and this job's ``DMLC_PS_ROOT_PORT``), printing ``FAULT killing server pid=<p>``
 first: the launcher may stop this worker as soon as the server is gone, before a later line is out.
-Training then goes on: the next push waits for a server that is gone.
+Training then goes on: the next push waits for a server that is gone. With ``--freeze-worker-at``
+instead, worker 1 prints ``FAULT freezing worker 1`` and stops itself (SIGSTOP) at that step: alive
+to the kernel and to ps-lite, silent to everyone else.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--kill-server-at", type=int, default=3)
+    parser.add_argument("--freeze-worker-at", type=int, default=None,
+                        help="freeze worker 1 at this step instead of killing a server")
     args = parser.parse_args()
     rank = int(os.environ["BYTESCHED_RANK"])
     kv = ScheduledKVStore(mx.kv.create("dist_sync"))
@@ -50,7 +55,11 @@ def main() -> None:
     rng = np.random.RandomState(100 + rank)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(args.steps):
-        if step == args.kill_server_at and rank == 0:
+        if args.freeze_worker_at is not None:
+            if step == args.freeze_worker_at and rank == 1:
+                print("FAULT freezing worker 1", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        elif step == args.kill_server_at and rank == 0:
             server = job_server()
             print(f"FAULT killing server pid={server.pid}", flush=True)
             server.send_signal(signal.SIGKILL)
