@@ -27,15 +27,23 @@ FAULT_TIMEOUT_S = 3
 AFTER_FREEZE_BOUND_S = FAULT_TIMEOUT_S + EXIT_GRACE_S + 20.0  # the rest is slack for load
 
 
+def launch_faulty_job(fault: list[str], marker: str, bound_s: float,
+                     env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """Run the worker script with ``fault`` under ``bytesched launch`` (1 server, 2 workers):
+    the job's status, its output, and how long after the line with ``marker`` the output ended."""
+    require("mxnet")
+    argv = [require_executable("bytesched"), "launch", "--servers", "1", "--workers", "2", "--kill-grace", "2",
+            "--", sys.executable, SCRIPTS / "reliability_ps_worker.py", *fault]
+    with started(argv, env=env) as job:
+        output, took = output_after(job, marker, bound_s)
+    return job.returncode, output, took
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 def test_killed_server_ends_every_process_naming_the_server() -> None:
-    require("mxnet")
-    argv = [require_executable("bytesched"), "launch", "--servers", "1", "--workers", "2", "--kill-grace", "2",
-            "--", sys.executable, SCRIPTS / "reliability_ps_worker.py", "--kill-server-at", "3"]
-    with started(argv) as job:
-        output, took = output_after(job, "FAULT killing server", AFTER_FAULT_BOUND_S)
-    assert job.returncode == 128 + 9, output[-4000:]
+    status, output, took = launch_faulty_job(["--kill-server-at", "3"], "FAULT killing server", AFTER_FAULT_BOUND_S)
+    assert status == 128 + 9, output[-4000:]
     assert ("[launch] server 0 was killed by SIGKILL; stopping the job: ps-lite cannot replace a lost server"
             in output), output[-4000:]
     assert ("how each process ended: scheduler was killed by SIGTERM, server 0 was killed by SIGKILL, "
@@ -47,13 +55,10 @@ def test_killed_server_ends_every_process_naming_the_server() -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 def test_a_frozen_worker_is_named_by_the_heartbeats_and_ends_the_job() -> None:
-    require("mxnet")
-    argv = [require_executable("bytesched"), "launch", "--servers", "1", "--workers", "2", "--kill-grace", "2",
-            "--", sys.executable, SCRIPTS / "reliability_ps_worker.py", "--freeze-worker-at", "3"]
-    env = dict(os.environ, BYTESCHED_FAULT_TIMEOUT_S=str(FAULT_TIMEOUT_S))
-    with started(argv, env=env) as job:
-        output, took = output_after(job, "FAULT freezing worker 1", AFTER_FREEZE_BOUND_S)
-    assert job.returncode == FAULT_EXIT_CODE, output[-4000:]
+    status, output, took = launch_faulty_job(["--freeze-worker-at", "3"], "FAULT freezing worker 1",
+                                             AFTER_FREEZE_BOUND_S,
+                                             dict(os.environ, BYTESCHED_FAULT_TIMEOUT_S=str(FAULT_TIMEOUT_S)))
+    assert status == FAULT_EXIT_CODE, output[-4000:]
     assert "rank 1 was lost" in output, output[-4000:]
     assert f"[launch] worker 0 exited with code {FAULT_EXIT_CODE}; stopping the job" in output, output[-4000:]
     assert took < AFTER_FREEZE_BOUND_S

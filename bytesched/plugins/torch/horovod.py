@@ -72,8 +72,9 @@ class HandlePoller:
     fused them, which is mostly the order they were started in. So a round polls the handles in
     start order and stops at the first one still running; every ``full_scan_every``-th round polls
     them all, so a handle that finished behind a slower, earlier one is reported at most that many
-    rounds late. Polling every handle every round cost 10 polls per handle (14 us of CPU per
-    tensor, 188 unfused tensors over 2 ranks on the development VM).
+    rounds late. Polling every handle every round made 10 polls per handle (188 unfused tensors
+    over 2 ranks on the development VM); this makes 3 times fewer, while the thread's CPU per
+    tensor (8-14 us, mostly its wake-ups) stayed within the noise.
     """
 
     def __init__(self, poll: Callable[[int], bool], release: Callable[[int], Any],
