@@ -130,20 +130,75 @@ def test_a_completed_task_is_freed_without_the_cyclic_garbage_collector() -> Non
         core.shutdown(1)
 
 
+def core_thread_cpu(core: Core) -> float:
+    tid = core._thread.native_id  # type: ignore[union-attr]
+    (thread,) = [t for t in psutil.Process().threads() if t.id == tid]
+    return thread.user_time + thread.system_time
+
+
 def test_idle_core_uses_no_cpu() -> None:
     core = make_core()
     time.sleep(0.2)
-    tid = core._thread.native_id  # type: ignore[union-attr]
-
-    def cpu() -> float:
-        (thread,) = [t for t in psutil.Process().threads() if t.id == tid]
-        return thread.user_time + thread.system_time
-
-    before = cpu()
+    before = core_thread_cpu(core)
     time.sleep(1.0)
-    used = cpu() - before
+    used = core_thread_cpu(core) - before
     core.shutdown(1)
     assert used < 0.05, f"idle Core thread used {used:.3f} s of CPU in 1 s"
+
+
+class Polled:
+    """Operations that end when the test says so and are only seen ending when polled (as
+    Horovod's handles): a :class:`~bytesched.core.core.Completions`."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.in_flight: list[SubTask] = []
+        self.ended: set[str] = set()
+        self.polls = 0
+        self.polling_threads: set[int] = set()
+
+    def poll(self) -> float | None:
+        self.polls += 1
+        self.polling_threads.add(threading.get_ident())
+        if not self.in_flight:
+            return None
+        for sub in [s for s in self.in_flight if s.task.name in self.ended]:
+            self.in_flight.remove(sub)
+            sub.task.notify_finish(sub)
+        return self.delay
+
+
+def test_the_core_polls_completions_between_events_and_sleeps_between_polls() -> None:
+    core = make_core()
+    source = Polled(delay=0.01)
+    stop_polling = core.poll_completions(source)
+    try:
+        tasks = [BufferTask(f"t{i}", i, 400, on_start=source.in_flight.append) for i in range(3)]
+        for task in tasks:
+            core.enqueue(task, ready=True)
+        deadline = time.monotonic() + 5
+        while len(source.in_flight) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before, polls = core_thread_cpu(core), source.polls
+        time.sleep(0.5)  # three operations in flight, none ended: a poll per 10 ms, no spinning
+        used = core_thread_cpu(core) - before
+        assert used < 0.1, f"the Core thread used {used:.2f} s of CPU in 0.5 s while polling"
+        assert 10 <= source.polls - polls <= 60
+        source.ended.update({"t2", "t0"})
+        assert core.wait_idle(0) is False
+        deadline = time.monotonic() + 2
+        while sum(t.finished_callbacks for t in tasks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert [t.finished_callbacks for t in tasks] == [1, 0, 1]
+        stop_polling()  # t1 is still in flight: it is still reported
+        source.ended.add("t1")
+        assert core.wait_idle(2.0) and tasks[1].finished_callbacks == 1
+        assert source.polling_threads == {core._thread.ident}  # type: ignore[union-attr]
+        polls = source.polls
+        time.sleep(0.05)
+        assert source.polls == polls  # nothing in flight any more: no longer polled
+    finally:
+        core.shutdown(1)
 
 
 def test_shutdown_with_work_in_flight_is_bounded_and_tells_the_task() -> None:

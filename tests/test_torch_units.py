@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import threading
-import time
 from typing import Any, Callable
 
 import pytest
@@ -198,29 +196,21 @@ class Handles:
         self.released.append(handle)
 
 
-def test_poller_reports_completions_in_completion_order_and_sleeps_meanwhile() -> None:
+def test_poller_reports_completions_in_completion_order_and_backs_off_meanwhile() -> None:
     handles = Handles()
-    poller = HandlePoller(handles.poll, handles.release)
+    poller = HandlePoller(handles.poll, handles.release, min_interval=0.001, max_interval=0.004)
     reported: list[int] = []
-    arrived = threading.Event()
-    try:
-        for handle in (1, 2, 3):
-            poller.watch(handle, lambda error, h=handle: (reported.append(h), arrived.set()))
-        cpu_before = time.process_time()
-        time.sleep(0.5)  # three handles in flight, none finished: the poller must not spin
-        cpu_used = time.process_time() - cpu_before
-        assert cpu_used < 0.1, f"the poller used {cpu_used:.2f} s of CPU in 0.5 s while waiting"
-        handles.done.add(3)
-        assert arrived.wait(1.0)
-        arrived.clear()
-        handles.done.update({1, 2})
-        deadline = time.monotonic() + 1.0
-        while len(reported) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert reported[0] == 3 and sorted(reported) == [1, 2, 3]
-        assert sorted(handles.released) == [1, 2, 3]
-    finally:
-        poller.close()
+    assert poller.poll() is None  # nothing in flight: no polling wanted
+    for handle in (1, 2, 3):
+        poller.watch(handle, lambda error, h=handle: reported.append(h))
+    assert [poller.poll() for _ in range(4)] == [0.002, 0.004, 0.004, 0.004]  # doubling up to the max
+    handles.done.add(3)
+    delays = [poller.poll() for _ in range(4)]  # 3 finished behind running ones: a full scan finds it
+    assert reported == [3] and delays[-1] == 0.001  # a completion resets the delay
+    handles.done.update({1, 2})
+    assert poller.poll() == 0.001 and reported == [3, 1, 2]
+    assert handles.released == [3, 1, 2]
+    assert poller.poll() is None
 
 
 def test_poller_rounds_poll_in_start_order_up_to_the_first_running_handle() -> None:
@@ -233,14 +223,11 @@ def test_poller_rounds_poll_in_start_order_up_to_the_first_running_handle() -> N
         return handles.poll(handle)
 
     poller = HandlePoller(poll, handles.release)
-    try:
-        in_flight = [(handle, lambda error: None) for handle in (1, 2, 3, 4)]
-        handles.done.update({1, 3, 4})
-        assert [h for h, _ in poller._finished(in_flight, full=False)] == [1]
-        assert polled == [1, 2]
-        assert [h for h, _ in poller._finished(in_flight, full=True)] == [1, 3, 4]
-    finally:
-        poller.close()
+    in_flight = [(handle, lambda error: None) for handle in (1, 2, 3, 4)]
+    handles.done.update({1, 3, 4})
+    assert [h for h, _ in poller._finished(in_flight, full=False)] == [1]
+    assert polled == [1, 2]
+    assert [h for h, _ in poller._finished(in_flight, full=True)] == [1, 3, 4]
 
 
 def test_poller_reports_a_failed_handle_as_an_error() -> None:
@@ -251,11 +238,9 @@ def test_poller_reports_a_failed_handle_as_an_error() -> None:
 
     poller = HandlePoller(handles.poll, release)
     errors: list[BaseException | None] = []
-    got = threading.Event()
-    poller.watch(7, lambda error: (errors.append(error), got.set()))
+    poller.watch(7, errors.append)
     handles.done.add(7)
-    assert got.wait(1.0)
-    poller.close()
+    poller.poll()
     assert isinstance(errors[0], RuntimeError) and "handle 7" in str(errors[0])
 
 

@@ -2,10 +2,14 @@
 
 Framework threads never run scheduling logic; :meth:`Core.enqueue`, :meth:`CommTask.notify_ready`
 and :meth:`CommTask.notify_finish` only put an event on a queue. The Core thread sleeps in a
-blocking ``get`` (no polling, no CPU while idle), drains every pending event, feeds each to the
-state machine and calls ``start()`` for the sub-tasks it answers with. Rank 0 announces that start
-order to followers over the rank-0 channel; followers in ``rank0`` mode obey it. Stalled
-sub-tasks are watched from a thread beside it (:mod:`.stall_check`), so this one only schedules.
+blocking ``get`` (no CPU while idle), drains every pending event, feeds each to the state machine
+and calls ``start()`` for the sub-tasks it answers with. Rank 0 announces that start order to
+followers over the rank-0 channel; followers in ``rank0`` mode obey it. Stalled sub-tasks are
+watched from a thread beside it (:mod:`.stall_check`), so this one only schedules.
+
+A backend whose library reports the end of an operation only when asked (Horovod's PyTorch
+binding) registers its in-flight operations as :class:`Completions`, and the Core polls them
+between events: a finish then costs no thread of its own and no hand-off to the Core thread.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
 from .stall_check import StallCheck, describe
 from .task import CommTask, SubTask
+from .waiting import get_within
 
 log = logging.getLogger("bytesched")
 T = TypeVar("T")
@@ -66,6 +71,15 @@ class OrderChannel(Protocol):
 
     def subscribe_order(self, on_keys: Callable[[list[SubTaskKey]], None]) -> None:
         """Follower: call ``on_keys`` (from any thread) for each announcement, in order."""
+
+
+class Completions(Protocol):
+    """Operations in flight whose end only polling can see; polled on the Core thread, where the
+    backend also starts them (so neither side needs a lock)."""
+
+    def poll(self) -> float | None:
+        """Report the operations that ended (each sub-task's ``notify_finish``, or its failure);
+        return the seconds after which polling again is worth it, or None if none is in flight."""
 
 
 class TimelineSink(Protocol):
@@ -121,6 +135,9 @@ class Core:
         self._publish = channel is not None and rank == 0 and order == "rank0"
         self._observer: Callable[[SubTask], None] | None = None
         self._replaced_order: tuple[Policy, bool] | None = None  # what start_in_sequence/on_ready replaced
+        self._completions: list[Completions] = []  # Core thread only
+        self._stopping: list[Completions] = []  # polled until nothing of theirs is in flight
+        self._next_poll: float | None = None  # when the Completions want polling; None: nothing in flight
         if order == "rank0" and rank != 0 and channel is None:
             raise ValueError("a follower in rank0 order mode needs the rank-0 channel")
 
@@ -166,6 +183,23 @@ class Core:
         # The signal sent once per sub-task goes straight to the queue's put (no Python call).
         task.notify_finish = self.post_finish  # type: ignore[method-assign]
         self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
+
+    def poll_completions(self, source: Completions) -> Callable[[], None]:
+        """Poll ``source`` between events from now on; returns the way to stop, which takes
+        effect once none of its operations is in flight (their sub-tasks still finish)."""
+        def stop() -> None:
+            if source in self._completions and source not in self._stopping:
+                self._stopping.append(source)
+                self._poll(time.monotonic())
+        self._on_core_thread(lambda: self._completions.append(source))
+        return lambda: self._on_core_thread(stop)
+
+    def _on_core_thread(self, fn: Callable[[], None]) -> None:
+        """``fn()`` on the Core thread, or here if the thread is not running (so nothing races)."""
+        if self.running:
+            self.query(fn)
+        else:
+            fn()
 
     def releases_on_ready(self) -> bool:
         """Would this Core start every sub-task the moment its tensor is ready (its policy never
@@ -316,7 +350,8 @@ class Core:
             self._close_outputs()
 
     def _loop(self) -> None:
-        get = self._events.get
+        events = self._events
+        get = events.get
         empty = self._events.empty
         sched = self.scheduler
         clock = time.monotonic
@@ -324,7 +359,7 @@ class Core:
         while True:
             timeout = self._wait_timeout(clock(), stop_deadline)
             try:
-                event = get(timeout=timeout)
+                event = get_within(events, timeout)
             except queue.Empty:
                 event = None
             started: list[SubTask] = []
@@ -360,6 +395,8 @@ class Core:
             now = clock()
             if not started and sched.wake_at() is not None and now >= sched.wake_at():
                 self._start_all(sched.tick(now))
+            if self._completions and (self._next_poll is None or now >= self._next_poll):
+                self._poll(now)
             if stop_deadline is not None and (sched.idle or now >= stop_deadline):
                 if not sched.idle:
                     self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
@@ -379,9 +416,22 @@ class Core:
             task.subtasks = []  # cut the task <-> sub-task cycle (see CommTask.subtasks)
         return started
 
+    def _poll(self, now: float) -> None:
+        """Poll every :class:`Completions` (their finishes arrive as events), drop those stopping
+        with nothing in flight, and note when to poll next."""
+        delays = []
+        for source in list(self._completions):
+            delay = source.poll()
+            if delay is not None:
+                delays.append(delay)
+            elif source in self._stopping:
+                self._completions.remove(source)
+                self._stopping.remove(source)
+        self._next_poll = now + min(delays) if delays else None
+
     def _wait_timeout(self, now: float, stop_deadline: float | None) -> float | None:
         """How long the thread may sleep in ``get`` (None: until an event comes)."""
-        deadlines = [d for d in (self.scheduler.wake_at(), stop_deadline) if d is not None]
+        deadlines = [d for d in (self.scheduler.wake_at(), stop_deadline, self._next_poll) if d is not None]
         return max(0.0, min(deadlines) - now) if deadlines else None
 
     def _start_all(self, started: list[SubTask]) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bytesched.core.channel import ChannelError, ChannelFollower, ChannelLeader
+from bytesched.core.waiting import get_within
 
 VALUE = "ranks.broadcast"
 """The broadcast that carries rank 0's value."""
@@ -64,7 +65,7 @@ class ChannelRanks:
                                    f"rank 0's number {self._sent}: the ranks broadcast in different orders")
             return int(value)
         try:
-            body = self._values.get(timeout=self.timeout)
+            body = get_within(self._values, self.timeout)
         except queue.Empty:
             raise ChannelError(f"rank {self.rank} received no value from rank 0 within {self.timeout:g} s "
                                f"(broadcast number {self._sent})") from None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from bytesched.core import SubTask
+from bytesched.core.core import Completions
 
 if TYPE_CHECKING:
     from bytesched.runtime.stall_watch import StallWatch
@@ -35,6 +36,9 @@ class Backend(ABC):
             rank must issue collectives in the same order (torch.distributed).
         passes_per_step: backward passes per step if the wrapped optimizer says (Horovod's
             ``backward_passes_per_step``), else None.
+        completions: where the library reports finished operations only when polled (Horovod),
+            the operations :meth:`start` started, for the Core to poll; else None (the library
+            calls back).
     """
 
     name: str
@@ -42,6 +46,7 @@ class Backend(ABC):
     size: int
     order: str
     passes_per_step: int | None = None
+    completions: Completions | None = None
 
     @abstractmethod
     def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -51,7 +56,8 @@ class Backend(ABC):
     @abstractmethod
     def start(self, task: "GradientTask", sub: SubTask) -> None:
         """Start ``sub``'s all-reduce; arrange ``task.notify_finish(sub)`` (or ``task.fail(sub,
-        error)``) on completion. Runs on the Core thread: must not wait for the communication."""
+        error)``) on completion, by a callback or from :attr:`completions`. Runs on the Core
+        thread: must not wait for the communication."""
 
     @abstractmethod
     def finalize(self, task: "GradientTask") -> None:
@@ -91,9 +97,6 @@ class Backend(ABC):
 
     def check_idle(self) -> None:
         """Fail if the library started communication of its own behind bytesched's back."""
-
-    def close(self) -> None:
-        """Release what the backend started (threads); called once the plugin is idle."""
 
 
 def operation_buffer(nbytes: int, device: torch.device) -> torch.Tensor:

@@ -12,8 +12,6 @@ the all-reduces itself.
 from __future__ import annotations
 
 import sys
-import threading
-import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
@@ -60,21 +58,24 @@ def is_distributed_optimizer(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class HandlePoller:
-    """Reports finished Horovod handles to callbacks, in whatever order they finish.
+    """Reports finished Horovod handles to callbacks, in whatever order they finish, when the Core
+    polls it (:class:`bytesched.core.core.Completions`).
 
     Horovod's PyTorch binding has no completion callback, and ``hvd.synchronize()`` waits by
-    spinning (a ``sched_yield`` loop that keeps a core busy). So one thread polls the in-flight
-    handles with ``hvd.poll()`` and sleeps between rounds: the sleep starts at ``min_interval`` after
-    a completion and doubles up to ``max_interval`` while none comes, and the thread blocks on a
-    condition when nothing is in flight.
+    spinning (a ``sched_yield`` loop that keeps a core busy). So the Core, which starts the
+    all-reduces, also polls their handles with ``hvd.poll()`` between its events: the delay it
+    asks for starts at ``min_interval`` after a completion and doubles up to ``max_interval``
+    while none comes. Polling from a thread of its own cost a wake-up of that thread per round
+    and a hand-off to the Core thread per finish.
 
     Horovod's background thread runs collectives one after another, in the order its coordinator
     fused them, which is mostly the order they were started in. So a round polls the handles in
     start order and stops at the first one still running; every ``full_scan_every``-th round polls
     them all, so a handle that finished behind a slower, earlier one is reported at most that many
     rounds late. Polling every handle every round made 10 polls per handle (188 unfused tensors
-    over 2 ranks on the development VM); this makes 3 times fewer, while the thread's CPU per
-    tensor (8-14 us, mostly its wake-ups) stayed within the noise.
+    over 2 ranks on the development VM); this makes 3 times fewer.
+
+    Not thread-safe: :meth:`watch` and :meth:`poll` run on the Core thread.
     """
 
     def __init__(self, poll: Callable[[int], bool], release: Callable[[int], Any],
@@ -84,52 +85,31 @@ class HandlePoller:
         self._min = min_interval
         self._max = max_interval
         self._full_scan_every = full_scan_every
-        self._pending: dict[int, Callable[[BaseException | None], None]] = {}
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="bytesched-hvd-poller", daemon=True)
-        self._thread.start()
+        self._pending: dict[int, Callable[[BaseException | None], None]] = {}  # in start order
+        self._interval = min_interval
+        self._rounds = 0
 
     def watch(self, handle: int, on_done: Callable[[BaseException | None], None]) -> None:
         """Call ``on_done(None)`` when ``handle`` finished, or ``on_done(error)`` if it failed."""
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the Horovod handle poller was closed")
-            self._pending[handle] = on_done
-            if len(self._pending) == 1:
-                self._cond.notify()
+        self._pending[handle] = on_done
 
-    def close(self) -> None:
-        """Stop the thread once nothing is in flight (in-flight handles are still reported)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=10.0)
-
-    def _run(self) -> None:
-        interval = self._min
-        rounds = 0
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                    interval = self._min
-                if not self._pending:
-                    return
-                rounds += 1
-                # In start order (dicts keep insertion order), under the lock: no copy per round.
-                finished = self._finished(self._pending.items(), full=rounds % self._full_scan_every == 0)
-                for handle, _ in finished:
-                    del self._pending[handle]
-            for handle, on_done in finished:
-                try:
-                    self._release(handle)  # returns at once for a finished handle; raises its error
-                except BaseException as error:  # HorovodInternalError: report it to the task
-                    on_done(error)
-                else:
-                    on_done(None)
-            interval = self._min if finished else min(2 * interval, self._max)
-            time.sleep(interval)  # new handles need no wake-up: they cannot have finished yet
+    def poll(self) -> float | None:
+        """Report the handles that finished; the delay before the next round (None: none in flight)."""
+        if not self._pending:
+            self._interval = self._min
+            return None
+        self._rounds += 1
+        finished = self._finished(self._pending.items(), full=self._rounds % self._full_scan_every == 0)
+        for handle, on_done in finished:
+            del self._pending[handle]
+            try:
+                self._release(handle)  # returns at once for a finished handle; raises its error
+            except BaseException as error:  # HorovodInternalError: report it to the task
+                on_done(error)
+            else:
+                on_done(None)
+        self._interval = self._min if finished else min(2 * self._interval, self._max)
+        return self._interval
 
     def _finished(self, in_flight: Iterable[tuple[int, Callable[[BaseException | None], None]]],
                   full: bool) -> list[tuple[int, Callable[[BaseException | None], None]]]:
@@ -177,7 +157,7 @@ class HorovodBackend(Backend):
         else:
             self._prescale = self._postscale = 1.0
         self._silence_horovod_hooks()
-        self._poller = HandlePoller(hvd.poll, hvd.synchronize)
+        self.completions = HandlePoller(hvd.poll, hvd.synchronize)
 
     def _silence_horovod_hooks(self) -> None:
         # Horovod registered its hooks on the parameters' gradient accumulators and keeps the only
@@ -231,10 +211,8 @@ class HorovodBackend(Backend):
             else:
                 task.fail(sub, error)
 
-        self._poller.watch(handle, done)
+        self.completions.watch(handle, done)
 
     def finalize(self, task: "GradientTask") -> None:
         unpack(self._compression.decompress(task.wire, task.context), task.grads)
 
-    def close(self) -> None:
-        self._poller.close()

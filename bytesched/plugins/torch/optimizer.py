@@ -96,6 +96,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._cross_barrier = cross_barrier
         self._plain_step = backend.step_function(optimizer)
         self._core = start_core(config, backend)
+        self._stop_polling = self._core.poll_completions(backend.completions) \
+            if backend.completions is not None else None
         _check_one_path(self._core, backend, passing=not config.scheduling)
         self._pipeline = UpdatePipeline(slots, buckets, backend, self._core,
                                         PartialStep(optimizer, self._plain_step), passes)
@@ -283,7 +285,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             hook.remove()
         self._proxies.remove()
         self._pipeline.close()
-        self._backend.close()
+        if self._stop_polling is not None:
+            self._stop_polling()
         _live.discard(self)
         untrack(self)
 
