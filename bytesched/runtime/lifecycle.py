@@ -199,12 +199,15 @@ def _stop(timeout: float, stages: tuple[int, ...]) -> None:
                     part.close(timeout)
                 except Exception:  # one part that fails to close must not keep the others open
                     log.exception("bytesched: closing %r at shutdown failed", part)
-    if core is not None and core.failure is not None:
-        _failure = core.failure
-    elif getattr(_channel, "failure", None) is not None:
-        _failure = _channel.failure  # type: ignore[union-attr]
+    failure = core.failure if core is not None else None
+    if failure is None:
+        failure = getattr(_channel, "failure", None)
+    if failure is not None:
+        _failure = failure
     shutdown_core(min(timeout, CORE_STOP_S))
-    _close_channel()
+    # A rank that failed leaves without a goodbye: its peers then find it lost (heartbeats), as
+    # they must, since the job cannot go on; a goodbye would read as a rank that finished.
+    _close_channel(goodbye=failure is None)
 
 
 def _register_exit_hook() -> None:
@@ -238,8 +241,9 @@ def _channel_failed(error: ChannelError, generation: int) -> None:
     exit_later(f"{lost} (the training loop did not exit by itself)")
 
 
-def _close_channel() -> bool:
-    """Close the channel of a Core that is no longer running; True if there was one."""
+def _close_channel(goodbye: bool = True) -> bool:
+    """Close the channel of a Core that is no longer running (``goodbye``: saying it to the peers
+    first); True if there was one."""
     global _channel, _channel_core
     if _channel is None:
         return False
@@ -248,7 +252,10 @@ def _close_channel() -> bool:
         raise RuntimeError("the rank-0 channel still serves a running Core")
     global _generation
     _generation += 1
-    _channel.close()
+    if goodbye:
+        _channel.close()
+    else:
+        _channel.close(timeout=0)  # 0: no goodbye
     _channel = _channel_core = None
     return True
 
