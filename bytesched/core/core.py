@@ -352,7 +352,7 @@ class Core:
     def _loop(self) -> None:
         events = self._events
         get = events.get
-        empty = self._events.empty
+        empty = events.empty
         sched = self.scheduler
         clock = time.monotonic
         stop_deadline: float | None = None

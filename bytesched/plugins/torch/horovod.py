@@ -130,6 +130,7 @@ class HorovodBackend(Backend):
 
     name = "horovod"
     order = "immediate"
+    completions: HandlePoller
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         import horovod.torch as hvd
