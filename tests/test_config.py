@@ -111,3 +111,12 @@ def test_stay_out_path_is_one_of_three_and_needs_a_plan() -> None:
             from_env({"BYTESCHED_STAY_OUT_PATH": "predict", **extra})
     with pytest.raises(ConfigError, match="stay_out_path='never' is unknown"):
         Config(stay_out_path="never")
+
+
+def test_plan_trial_is_on_by_default_and_needs_a_plan() -> None:
+    """BYTESCHED_PLAN_TRIAL says whether a plan's sizes are timed against staying out; where the
+    job has no plan it would be silently ignored, so it is refused naming the setting."""
+    assert from_env({}).plan_trial and not from_env({"BYTESCHED_PLAN_TRIAL": "0"}).plan_trial
+    for extra in ({"BYTESCHED_PLAN": "0"}, {"BYTESCHED_CREDIT_BYTES": "4MB"}, {"BYTESCHED_POLICY": "off"}):
+        with pytest.raises(ConfigError, match="BYTESCHED_PLAN_TRIAL=0 chooses whether a start-up plan's sizes"):
+            from_env({"BYTESCHED_PLAN_TRIAL": "0", **extra})

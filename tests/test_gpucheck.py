@@ -53,8 +53,8 @@ def test_the_cpu_half_is_bit_identical_and_reports_every_configuration() -> None
 def _trial_if_staying_out(path: str) -> bool:
     """A plan that stays out ran its path trial to the end and says what it kept."""
     return not path.startswith("no partitioning, no credit limit") or bool(
-        re.search(r"; path trial: [\d.]+ ms per step through the Core, [\d.]+ passing through: "
-                  r"(passing through|staying on the Core)$", path))
+        re.search(r"; path trial: [\d.]+ ms per step on the Core, [\d.]+ passing through: "
+                  r"(passing through|keeping the Core)$", path))
 
 
 @pytest.mark.parametrize("argv, message", [

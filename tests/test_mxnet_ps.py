@@ -236,13 +236,38 @@ def test_with_scheduling_off_every_operation_passes_through_from_the_first(plain
 def test_a_sized_plan_repartitions_every_worker_at_step_2_and_restores_rank0_order(plain: Path,
                                                                                    tmp_path: Path) -> None:
     """Rank 0's simulation replaced by one that picks 1,000-byte partitions under a 2,000-byte
-    credit: worker 1 applies sizes it never computed, both re-partition the server keys at step 2
-    (6 whole keys a step before, 16 partitions after) and go back to rank 0's order, which keeps
-    worker 1's reversed, paused pushes deadlock-free. The result is the plain store's, bit for bit."""
-    output = launch(tmp_path, "--store", "scheduled", "--plan", "forced", "--skew")
+    credit (with no trial): worker 1 applies sizes it never computed, both re-partition the server
+    keys at step 2 (6 whole keys a step before, 16 partitions after) and go back to rank 0's order,
+    which keeps worker 1's reversed, paused pushes deadlock-free. The result is the plain store's,
+    bit for bit."""
+    output = launch(tmp_path, "--store", "scheduled", "--plan", "forced", "--skew",
+                    env={"BYTESCHED_PLAN_TRIAL": "0"})
 
     assert_same_weights(plain / "worker0.npz", tmp_path)
     assert plans(output) == [(str(6 * 2 + 16 * 18), "1", "1000,2000@2", "rank0")] * 2, output[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+@pytest.mark.parametrize("trial", ["keep", "leave"])
+def test_a_sized_plans_trial_stays_out_then_keeps_the_faster_on_every_worker(plain: Path, tmp_path: Path,
+                                                                            trial: str) -> None:
+    """The forced sizes are tried (the default): steps 2-7 on them, steps 8-13 on the whole keys
+    again, passing through, then rank 0's medians decide for both workers. Kept, the keys are
+    re-partitioned once more at step 14 and the Core schedules them in rank 0's order (16
+    partitions a step); left, the store passes through to the end. Both end with the plain
+    store's weights, bit for bit, across three re-partitions."""
+    output = launch(tmp_path, "--store", "scheduled", "--plan", "forced", "--skew", "--trial", trial,
+                    env={"BYTESCHED_LOG_LEVEL": "info"})
+
+    assert_same_weights(plain / "worker0.npz", tmp_path)
+    sized_steps = 6 + (6 if trial == "keep" else 0)
+    expected = ((str(6 * 2 + 16 * sized_steps), "3", "1000,2000@14", "rank0") if trial == "keep"
+                else (str(6 * 2 + 16 * sized_steps), "2", "inf,inf@8", "rank0"))
+    assert plans(output) == [expected] * 2, output[-4000:]
+    assert re.findall(r"passes_through=(\d)", output) == ["0" if trial == "keep" else "1"] * 2
+    kept = "keeping the plan's 1KB partitions, 2KB credit" if trial == "keep" else "passing through"
+    assert output.count("bytesched plan trial: ") == 1 and kept in output, output[-4000:]  # rank 0 logs it
 
 
 @pytest.mark.multiproc

@@ -41,9 +41,9 @@ class PlanLaunch(Launch):
         first = reports[0]
         for rank, report in reports.items():
             assert (report["set_params"], report["step"], report["params"], report["order"], report["fusion"],
-                    report["buckets"], report["passes_through"], report["trial"]) == \
+                    report["buckets"], report["passes_through"], report["trial"], report["plan_trial"]) == \
                 (first["set_params"], first["step"], first["params"], first["order"], first["fusion"],
-                 first["buckets"], first["passes_through"], first["trial"]), \
+                 first["buckets"], first["passes_through"], first["trial"], first["plan_trial"]), \
                 f"{case}: rank {rank} applied {report['set_params']} (plan {report['params']} at step " \
                 f"{report['step']}, order {report['order']}), rank 0 {first['set_params']} (plan {first['params']} " \
                 f"at step {first['step']}, order {first['order']})"
@@ -68,13 +68,15 @@ def torch_plan(launcher: list[Any], backend: str, cases: str, timeout: float) ->
 def horovod_job() -> PlanLaunch:
     require("horovod.torch", "Horovod built with PyTorch")
     launcher = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable]
-    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused,kept-core-barrier", timeout=240)
+    return torch_plan(launcher, "horovod", "plan,barrier,forced,failed,sized,fused,kept-core-barrier,tried-kept",
+                      timeout=240)
 
 
 @pytest.fixture(scope="module")
 def dist_job() -> PlanLaunch:
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late,measured,kept-core", timeout=240)
+    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late,measured,kept-core,tried",
+                      timeout=240)
 
 
 @pytest.fixture(params=["horovod", "dist"])
@@ -205,3 +207,22 @@ def test_a_path_trial_that_keeps_the_core_comes_back_from_passing_through(job: P
     agreed = job.agreed(case)
     assert agreed["trial"][2] is False and not agreed["passes_through"]
     assert agreed["order"] == ("sequence" if job.backend == "dist" else job.backend_order)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_a_sized_plans_trial_keeps_the_faster_on_every_rank_at_the_same_step(job: PlanLaunch) -> None:
+    """The forced 1 MB / 2 MB plan is tried (the default): six steps on the sizes through the Core,
+    six staying out and passing through, then every rank keeps what rank 0's medians chose at
+    step 14 (over torch.distributed whichever was faster here; over Horovod the trial's margin
+    makes the sizes win, so the gradients come back to the Core), with the baseline's bits."""
+    case = "tried" if job.backend == "dist" else "tried-kept"
+    agreed = job.agreed(case)
+    sized_ms, staying_out_ms, passes = agreed["plan_trial"]
+    assert sized_ms > 0 and staying_out_ms > 0
+    assert passes == (False if case == "tried-kept" else not sized_ms < staying_out_ms * (1 - CORE_MARGIN))
+    sized = ["1MB", "2MB"]
+    assert agreed["set_params"] == [STAY_OUT, sized, STAY_OUT] + ([] if passes else [sized])
+    assert (agreed["params"], agreed["step"]) == ((STAY_OUT, PLANNED_STEP + 6) if passes else (sized, PLANNED_STEP + 12))
+    assert agreed["passes_through"] == passes and agreed["order"] == job.backend_order
+    assert "bytesched plan trial: " in job.output

@@ -39,7 +39,7 @@ class Framework:
     the PyTorch plugin and MXNet over Horovod), which the simulator then models."""
 
 
-_ALLREDUCE = ("vanilla", "bytescheduler", "plan", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
+_ALLREDUCE = ("vanilla", "bytescheduler", "plan", "plan-untried", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
               "off", "policy-off", "fifo", "p3", "prophet")
 _TORCH = (*_ALLREDUCE, "plan-measured")  # the path trial is the PyTorch plugin's
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (

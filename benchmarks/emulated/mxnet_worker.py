@@ -20,6 +20,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from bytesched.core import from_env
+from bytesched.runtime.sizes import step_until_settled
 from bytesched.sim.profile import ModelProfile
 
 from .configs import Configuration, configuration
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         if step == args.warmup:
             mx.nd.waitall()
             clock = Stopwatch()
+        if step == args.warmup - 1 and hasattr(store, "settled"):  # time the path and sizes the job keeps
+            step_until_settled(store, lambda: train_step(model, train, profile.batch_size))
         train_step(model, train, profile.batch_size)
     mx.nd.waitall()
     if hasattr(store, "wait_idle"):
@@ -148,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     usage = clock.stop()
     if rank == 0:
         plan = getattr(store, "plan", None)
+        trial = getattr(store, "plan_trial", None)
         emit_run(name, round_number, usage, args.steps, size * profile.batch_size,
-                 None if plan is None else plan.summary)
+                 None if plan is None else plan.summary + ("" if trial is None else f" (plan trial: {trial.summary})"))
     return 0
 
 

@@ -16,7 +16,7 @@ import torch
 
 import bytesched.core as core
 from bytesched.plugins.torch import ScheduledOptimizer
-from bytesched.plugins.torch.optimizer import step_until_settled
+from bytesched.runtime.sizes import step_until_settled
 
 from .cells import REAL_MODELS
 from .configs import Configuration, configuration
@@ -116,7 +116,9 @@ def measure(backend: Backend, workload: Workload, config: Configuration, steps: 
             optimizer.synchronize()
         plan = getattr(optimizer, "plan", None)
         path = ""
-        if config.scheduled and optimizer.path_trial is not None:
+        if config.scheduled and optimizer.plan_trial is not None:
+            path = f" (plan trial: {optimizer.plan_trial.summary})"
+        elif config.scheduled and optimizer.path_trial is not None:
             path = f" (path trial: {optimizer.path_trial.summary})"
         elif config.scheduled and optimizer.passes_through:
             path = " (passing through)"

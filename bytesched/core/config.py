@@ -123,6 +123,9 @@ class Config:
     """Choose partition and credit sizes at start-up from the job's own measured step
     (:mod:`bytesched.runtime.plan`). :func:`from_env` switches it on unless ``BYTESCHED_PLAN=0``
     or the job sets a size; a Config built in code keeps its explicit ``params``."""
+    plan_trial: bool = True
+    """Sizes the start-up plan chose are kept only if they ran faster than staying out and passing
+    through, timed side by side (:mod:`bytesched.runtime.plan_trial`)."""
     tuning: bool = False
     tuning_max_trials: int = 15
     tuning_steps_per_trial: int = 50
@@ -334,6 +337,10 @@ VARIABLES: tuple[Variable, ...] = (
              "limit) for two steps, times the backend's all-reduce, and rank 0 picks the sizes by "
              "simulating the second step; every rank applies them from the third (docs/plan.md). "
              "0: the fixed default sizes apply."),
+    Variable("BYTESCHED_PLAN_TRIAL", "plan_trial", _flag, "1",
+             "1: sizes the start-up plan chose are kept only if they run faster than staying out: six "
+             "steps on the sizes, six passing through to the framework's own path, and every rank keeps "
+             "the faster (the sizes only when faster by 2 %); 0: the sizes are kept as predicted."),
     Variable("BYTESCHED_STAY_OUT_PATH", "stay_out_path", _choice(STAY_OUT_PATHS), "auto",
              "Where the start-up plan stays out of the way, which path the PyTorch plugin's gradients take: "
              "measure: six steps through the Core (which crosses the barrier), six on the framework's own "
@@ -416,6 +423,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
     if values.get("policy") == OFF:
         values.update(policy="fifo", scheduling=False, plan=False)
     values["fusion_fixed"] = "fusion_bytes" in values
+    if "plan_trial" in values and not values["plan"]:
+        raise ConfigError(f"BYTESCHED_PLAN_TRIAL={int(values['plan_trial'])} chooses whether a start-up plan's sizes "
+                          "are tried, and this job has no plan (BYTESCHED_PLAN=0, a size set, or "
+                          "BYTESCHED_POLICY=off): unset it")
     if values.get("stay_out_path", "auto") != "auto" and not values["plan"]:
         raise ConfigError(f"BYTESCHED_STAY_OUT_PATH={values['stay_out_path']} chooses the path of a start-up plan "
                           "that stays out of the way, and this job has none (BYTESCHED_PLAN=0, a size set, or "

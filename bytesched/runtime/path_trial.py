@@ -39,11 +39,13 @@ class TrialOutcome:
     core_ms: float
     own_ms: float
     passes_through: bool
+    core_path: str = "the Core"
+    """What ran on the Core's side: the Core staying out, or a plan's sizes."""
 
     @property
     def summary(self) -> str:
-        kept = "passing through" if self.passes_through else "staying on the Core"
-        return (f"{self.core_ms:.1f} ms per step through the Core, {self.own_ms:.1f} passing through: "
+        kept = "passing through" if self.passes_through else f"keeping {self.core_path}"
+        return (f"{self.core_ms:.1f} ms per step on {self.core_path}, {self.own_ms:.1f} passing through: "
                 f"{kept}")
 
 
@@ -55,11 +57,12 @@ class PathTrial:
     are). Every rank calls it at the same boundaries, so every rank switches at the same step.
     """
 
-    def __init__(self, steps: int = TRIAL_STEPS, margin: float | None = None) -> None:
+    def __init__(self, steps: int = TRIAL_STEPS, margin: float | None = None, core_path: str = "the Core") -> None:
         if steps < 2:
             raise ValueError(f"a path trial needs at least 2 steps per path (one untimed), got {steps}")
         self._steps = steps
         self._margin = CORE_MARGIN if margin is None else margin
+        self._core_path = core_path
         self._marks: list[float] = []
 
     def boundary(self, now: float) -> str | None:
@@ -88,4 +91,4 @@ class PathTrial:
         ranks = gather(self.medians_ms())
         core_ms = max(pair[0] for pair in ranks)
         own_ms = max(pair[1] for pair in ranks)
-        return TrialOutcome(core_ms, own_ms, passes_through=not core_ms < own_ms * (1 - self._margin))
+        return TrialOutcome(core_ms, own_ms, not core_ms < own_ms * (1 - self._margin), self._core_path)

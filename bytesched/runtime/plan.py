@@ -12,7 +12,8 @@ a :class:`StartupPlan` at every step boundary, and the plan runs this course::
                               size and ready time           (:func:`bytesched.sim.plan.make_plan`)
                                                             and broadcasts; every rank applies
 
-The observing and timing are :class:`~.start_observer.StartObserver`'s; a tuned job gets the
+Where the plan chooses sizes, they are then tried against staying out before they are kept
+(:mod:`.plan_trial`). The observing and timing are :class:`~.start_observer.StartObserver`'s; a tuned job gets the
 same measurements as its search's first points instead (:mod:`.warm_start`). Until the plan is
 made the job stays out of the way (every gradient sent whole the moment it is
 ready, the cheapest path through bytesched), so planning never makes a step slower than the
@@ -132,17 +133,26 @@ class StartupPlan(StartObserver):
             a :data:`STAY_OUT_MIN_TASKS`-th of ``model_bytes``.
         pass_through_margin: the predicted gain of the best sized candidate below which a plan
             that stays out passes through (:attr:`bytesched.sim.plan.Plan.passes_through`).
+        tries_sizes: sizes it chooses are timed against staying out and passing through before
+            they are kept (:mod:`.plan_trial`, ``BYTESCHED_PLAN_TRIAL``); only for a plugin that
+            can pass through at any step boundary.
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
                  drain: Callable[[], None], servers: int | None = None,
                  bigarray_bound: int | None = None, fusion_bytes: float | None = None,
-                 pass_through_margin: float = PASS_THROUGH_MARGIN) -> None:
+                 pass_through_margin: float = PASS_THROUGH_MARGIN, tries_sizes: bool = False) -> None:
         super().__init__(core, ranks, operation, arch=arch, model_bytes=model_bytes, drain=drain,
                          servers=servers, bigarray_bound=bigarray_bound)
         self._fusion_bytes = fusion_bytes
         self._pass_through_margin = pass_through_margin
+        self.tries_sizes = tries_sizes
         self.outcome: PlanOutcome | None = None
+
+    @property
+    def ranks(self) -> Ranks:
+        """The ranks the plan is broadcast to (and a trial of its sizes decided over)."""
+        return self._ranks
 
     @property
     def done(self) -> bool:

@@ -15,6 +15,9 @@ servers really sum different gradients; at the end each worker saves its weights
     --crash-at N        worker 1 dies (exit code 3) at step N, mid-training
     --plan forced       rank 0's start-up plan simulation always picks FORCED (the real one runs
                         first); ``--plan failed``: timing the push+pull raises on every worker
+    --trial keep        the sized plan's trial (BYTESCHED_PLAN_TRIAL) finds the sizes twice as
+                        fast as staying out and keeps them; ``--trial leave``: half as fast, it
+                        stays out (what rank 0 measured is replaced; its broadcast is real)
 
 The TRAINED line ends with ``tuned=PARTITION,CREDIT`` (the sizes tuning kept, ``none`` without),
 ``repartitions=N`` (live re-partitions of the server keys), ``plan=PARTITION,CREDIT@STEP`` (the
@@ -55,6 +58,15 @@ def replace_plan(case: str) -> None:
         def failing(*args: object) -> None:
             raise RuntimeError("the push+pull failed (injected by the test)")
         observer_module.measure_network = failing  # type: ignore[assignment]
+
+
+def replace_trial(case: str) -> None:
+    """Make every worker's plan trial measure the sizes twice as fast (``keep``) or half as fast
+    (``leave``) as staying out; rank 0's medians are the ones broadcast and decided on."""
+    from bytesched.runtime.path_trial import PathTrial
+
+    medians = (10.0, 20.0) if case == "keep" else (20.0, 10.0)
+    PathTrial.medians_ms = lambda self: medians  # type: ignore[method-assign]
 
 
 def model() -> gluon.nn.HybridSequential:
@@ -135,10 +147,13 @@ def main() -> None:
     parser.add_argument("--snapshot-at", type=int, default=None)
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--plan", choices=("measured", "forced", "failed"), default="measured")
+    parser.add_argument("--trial", choices=("measured", "keep", "leave"), default="measured")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.plan != "measured":
         replace_plan(args.plan)
+    if args.trial != "measured":
+        replace_trial(args.trial)
     rank = int(os.environ["BYTESCHED_RANK"])
 
     kv = mx.kv.create(args.kvstore)
@@ -180,7 +195,8 @@ def main() -> None:
     print(f"TRAINED steps={args.steps} subtasks={subtasks} "
           f"partition_bytes={getattr(kv, 'partition_bytes', 'none')} order={getattr(kv, 'order', 'none')} "
           f"tuned={kept} repartitions={repartitions} plan={planned} "
-          f"start_order={kv._core.start_order if args.store == 'scheduled' else 'none'}", flush=True)
+          f"start_order={kv._core.start_order if args.store == 'scheduled' else 'none'} "
+          f"passes_through={int(getattr(kv, 'passes_through', False))}", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,15 @@ Cases (``--cases``, in order), each training the 8.4 MB-weight "wide" MLP for 8 
 same weights on the same data as the unscheduled baseline, which it must match bit for bit
 (two-rank sums are exact, so how gradients are partitioned cannot change them):
 
-- ``plan``: crossing the barrier, the plan as a user gets it (it measures this loopback network);
+- ``plan``: crossing the barrier, the plan as a user gets it (it measures this loopback network),
+  with no trial of the sizes it picks (``BYTESCHED_PLAN_TRIAL=0``, as in the next two cases);
 - ``barrier``: the same in barrier mode;
 - ``forced``: rank 0's simulation is replaced by one that always picks 1 MB partitions under a
   2 MB credit (only rank 0 runs it), so the follower must apply sizes it never computed itself,
   and the wide weight is then cut in nine pieces on both ranks;
+- ``tried``: the same sizes, tried against staying out (the default): six steps on them, six
+  passing through, and every rank keeps the faster at the same step (whichever it is here);
+  18 steps; ``tried-kept``: the same, the trial's margin set so that the sizes always win;
 - ``failed``: timing the all-reduce raises on every rank (as a backend error would): the job
   stays out of the way with a warning naming the reason;
 - ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all;
@@ -30,8 +34,8 @@ same weights on the same data as the unscheduled baseline, which it must match b
 Every rank prints one ``PLAN {json}`` line per case: every ``Core.set_params`` call it made
 (sizes as text, ``inf`` unlimited), the Core's order mode at the end, whether the optimizer passed
 its gradients to the library's own path at the end, the step, sizes and fusion bound of
-``optimizer.plan``, its number of buckets at the end, its summary, and the path trial's outcome
-(``[core ms, own ms, passes through]``, or null).
+``optimizer.plan``, its number of buckets at the end, its summary, and the path trial's and the
+plan trial's outcomes (``[core ms, own ms, passes through]``, or null).
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ STEPS = 8
 TRIAL_STEPS = 18  # the plan at step 2, six steps through the Core, six passing through, four after
 # Path-trial cases: the margin the Core must beat passing through by (None: the library's own).
 TRIAL_MARGINS = {"measured": None, "kept-core": -math.inf, "kept-core-barrier": -math.inf}
+# Plan-trial cases: the margin the plan's sizes must beat staying out by.
+SIZED_TRIAL_MARGINS = {"tried": None, "tried-kept": -math.inf}
+UNTRIED = ("plan", "barrier", "forced")
 CORE_MARGIN = path_trial_module.CORE_MARGIN
 FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
 SET_PARAMS: list[list[str]] = []
@@ -100,8 +107,14 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     SET_PARAMS.clear()
     os.environ.pop("BYTESCHED_PARTITION_BYTES", None)
     os.environ.pop("BYTESCHED_STAY_OUT_PATH", None)
+    os.environ.pop("BYTESCHED_PLAN_TRIAL", None)
     staying_out = ("fused", *TRIAL_MARGINS)
-    plan_module.make_plan = forced_plan if case == "forced" else staying_out_plan if case in staying_out else make_plan  # type: ignore[assignment]
+    forced = ("forced", *SIZED_TRIAL_MARGINS)
+    plan_module.make_plan = forced_plan if case in forced else staying_out_plan if case in staying_out else make_plan  # type: ignore[assignment]
+    margin = {**TRIAL_MARGINS, **SIZED_TRIAL_MARGINS}.get(case)
+    path_trial_module.CORE_MARGIN = CORE_MARGIN if margin is None else margin
+    if case in UNTRIED:
+        os.environ["BYTESCHED_PLAN_TRIAL"] = "0"
     observer_module.measure_network = failing_network if case in ("failed", "reuse", "late") else measure_network  # type: ignore[assignment]
     optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
     optimizer_module._pass_through_margin = (  # type: ignore[assignment]
@@ -115,8 +128,7 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
         return
     if case in TRIAL_MARGINS:
         os.environ["BYTESCHED_STAY_OUT_PATH"] = "measure"
-        margin = TRIAL_MARGINS[case]
-        path_trial_module.CORE_MARGIN = CORE_MARGIN if margin is None else margin
+    if case in TRIAL_MARGINS or case in SIZED_TRIAL_MARGINS:
         train_once(flavor, backend, report, case, run_baseline(flavor, "wide", "sgd", steps=TRIAL_STEPS),
                    steps=TRIAL_STEPS)
     elif case == "fused":
@@ -162,7 +174,7 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
     order = optimizer.core.start_order
     passing = optimizer.passes_through
     buckets = len(optimizer._pipeline.buckets)
-    trial = optimizer.path_trial
+    trial, plan_trial = optimizer.path_trial, optimizer.plan_trial
     if then is not None:
         then(flavor, backend, report, case)
     optimizer.close()
@@ -174,7 +186,9 @@ def train_once(flavor: Flavor, backend: str, report: Reporter, case: str, expect
                                                 format_size(outcome.params.credit_bytes)],
         "fusion": None if outcome is None else outcome.fusion_bytes, "buckets": buckets,
         "summary": None if outcome is None else outcome.summary,
-        "trial": None if trial is None else [trial.core_ms, trial.own_ms, trial.passes_through]}), flush=True)
+        "trial": None if trial is None else [trial.core_ms, trial.own_ms, trial.passes_through],
+        "plan_trial": None if plan_trial is None else [plan_trial.core_ms, plan_trial.own_ms,
+                                                       plan_trial.passes_through]}), flush=True)
 
 
 def main() -> None:
@@ -182,7 +196,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=("horovod", "dist"), required=True)
     parser.add_argument("--cases", required=True, help="comma-separated: plan, barrier, forced, failed, sized, "
                                                        "fused, reuse, late, measured, kept-core, "
-                                                       "kept-core-barrier")
+                                                       "kept-core-barrier, tried, tried-kept")
     args = parser.parse_args()
     flavor: Flavor = HorovodFlavor() if args.backend == "horovod" else DistributedFlavor()
     torch.set_num_threads(1)

@@ -30,8 +30,9 @@ optimizer is all-reduced with Horovod's own call (``DistributedOptimizer._do_all
 names, its fusion, no CommTask, proxy or Core) just before that group's update, so the job runs
 as plain Horovod does. Staying out through the Core (every gradient whole, started the moment it
 is ready) ran the emulated ResNet50 and VGG16 on 2 ranks at 10 Gbit/s at 0.985x-0.989x of plain
-Horovod: the Core's work per tensor, with nothing to schedule. With ``BYTESCHED_POLICY=off`` it
-passes through from the first update.
+Horovod: the Core's work per tensor, with nothing to schedule. A plan that chose sizes is first
+tried against passing through (:mod:`bytesched.runtime.plan_trial`), at the same boundaries. With
+``BYTESCHED_POLICY=off`` it passes through from the first update.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
+from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.start_observer import Observer
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
@@ -119,6 +121,17 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         return self._passes_through
 
     @property
+    def plan_trial(self) -> TrialOutcome | None:
+        """What timing the plan's sizes against passing through measured and kept, once it did."""
+        return self._sizes.trial_outcome
+
+    @property
+    def settled(self) -> bool:
+        """No start-up plan, plan trial or tuning will switch this optimizer's sizes or path any
+        more (every rank settles at the same step)."""
+        return not self._sizes.active
+
+    @property
     def tuned_params(self) -> SchedulingParams | None:
         """The partition and credit sizes tuning kept, the same on every rank (None while tuning
         still searches, and without tuning)."""
@@ -127,9 +140,14 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
     def set_params(self, params: SchedulingParams) -> None:
         """New partition and credit sizes, from the next all-reduce on (call it at the same step
         on every rank: the partitions' names and shapes must match across ranks); this ends
-        passing through."""
+        passing through, and a trial of the plan's sizes."""
         if not self._config.scheduling:
             raise bcore.ConfigError(f"set_params: {SCHEDULING_OFF}, so there are no sizes to set")
+        self._sizes.end_trial()
+        self._apply(params)
+
+    def _apply(self, params: SchedulingParams) -> None:
+        """Run on ``params`` from the next all-reduce on (the plan's, its trial's or the user's)."""
         self._passes_through = False
         self._core.set_params(params)
         size = params.partition_bytes
@@ -175,7 +193,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._sizes.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
-            self._sizes.planning = self._observer(StartupPlan, weights, grads)
+            self._sizes.planning = self._observer(StartupPlan, weights, grads, tries_sizes=self._config.plan_trial)
         if self._sizes.active:
             self._step_boundary(indices, weights)
         passing = self._passes_through and self._hvd._process_set.included()
@@ -187,12 +205,12 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             apply(*group)
 
     def _observer(self, kind: type[Observer], weights: Sequence[mx.nd.NDArray],
-                  grads: Sequence[mx.nd.NDArray]) -> Observer:
+                  grads: Sequence[mx.nd.NDArray], **options: Any) -> Observer:
         """A start-up plan or tuning warm start observing this optimizer's steps, timing
         Horovod's all-reduce where the weights live."""
         context = weights[0].context
         return kind(self._core, _HorovodRanks(), lambda nbytes: _allreduce_of(nbytes, context), arch="allreduce",
-                    model_bytes=self._model_bytes(grads), drain=self._wait_written)
+                    model_bytes=self._model_bytes(grads), drain=self._wait_written, **options)
 
     def _model_bytes(self, grads: Sequence[mx.nd.NDArray]) -> int:
         """The model's gradient bytes, the same on every rank: of the parameters Gluon's Trainer
@@ -215,7 +233,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._written.clear()
             params = self._sizes.on_step(self._step)
             if params is not None:
-                self.set_params(params)
+                self._apply(params)
                 self._passes_through = self._sizes.plan is not None and params == STAY_OUT
             if not self._sizes.active:
                 return

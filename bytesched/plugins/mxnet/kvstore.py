@@ -64,7 +64,10 @@ themselves. At the boundary of step 2 every worker times a push+pull on keys of 
 the servers' optimizer leaves alone), rank 0 simulates step 1 on that network and sends its
 choice over the rank-0 channel (:class:`~bytesched.runtime.channel_ranks.ChannelRanks`), and every
 worker applies it before anything of step 2 is posted. A sized plan re-partitions the keys
-(below) and restores rank 0's order. A plan that stays out *passes through*: from then on each
+(below) and restores rank 0's order; it is then tried against staying out
+(:mod:`bytesched.runtime.plan_trial`): after its steps, the keys are laid out whole again and
+the store passes through, and only if the sizes ran faster are they laid out again and kept
+(each step of the trial waits for the previous one's communication, as under tuning). A plan that stays out *passes through*: from then on each
 push, pull or pushpull is the wrapped store's own operation, posted from the caller's thread with
 no CommTask, proxy or Core in between; a pushpull repeating its previous call's objects (Gluon's
 Trainer, every step) reuses that call's arguments. A key on one server key goes on a plain view
@@ -111,6 +114,7 @@ from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, 
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
 from bytesched.runtime import channel_of, on_channel_failure, start_core, track, untrack
 from bytesched.runtime.channel_ranks import ChannelRanks
+from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.start_observer import Observer
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
@@ -356,6 +360,17 @@ class ScheduledKVStore(KVStoreBase):
         return self._passthrough
 
     @property
+    def plan_trial(self) -> TrialOutcome | None:
+        """What timing the plan's sizes against passing through measured and kept, once it did."""
+        return self._sizes.trial_outcome
+
+    @property
+    def settled(self) -> bool:
+        """No start-up plan, plan trial or tuning will switch this store's sizes or path any more
+        (every worker settles at the same step)."""
+        return not self._sizes.active
+
+    @property
     def partition_bytes(self) -> float:
         """The partition size of the current server-key layout."""
         return self._partition_bytes
@@ -424,6 +439,8 @@ class ScheduledKVStore(KVStoreBase):
         repeat = self._repeats.get(key)
         if repeat is None or repeat[0] is not value or repeat[1] is not out:
             return False
+        if self._sizes.active and ("pushpull", key) in self._seen:
+            return False  # a step boundary where a plan trial may end passing through: _submit's
         self._check_healthy()
         self._next_step_if("pushpull", key)
         self._install_optimizer()
@@ -465,11 +482,17 @@ class ScheduledKVStore(KVStoreBase):
     def set_params(self, params: SchedulingParams, at_step: int | None = None) -> None:
         """New partition and credit sizes. The credit applies now; a new partition size
         re-partitions the server keys at step ``at_step`` (default: the next step), which every
-        worker must be given alike (a step is one round of push/pull over the keys)."""
+        worker must be given alike (a step is one round of push/pull over the keys). This ends
+        passing through, and a trial of the plan's sizes."""
         if not self.config.scheduling:
             raise bcore.ConfigError(f"set_params: {SCHEDULING_OFF}, so there are no sizes to set")
         if at_step is not None and at_step <= self.step:
             raise ValueError(f"at_step={at_step} has passed (this worker is at step {self.step})")
+        self._sizes.end_trial()
+        self._apply(params, at_step)
+
+    def _apply(self, params: SchedulingParams, at_step: int | None = None) -> None:
+        """Run on ``params`` (the plan's, its trial's, the tuning session's or the user's)."""
         if self._passthrough or (self._core.start_order != self.order and params != STAY_OUT):
             self.wait_idle()  # nothing in flight while the Core changes how it starts tasks
             self._passthrough = False
@@ -595,30 +618,31 @@ class ScheduledKVStore(KVStoreBase):
                                               warm_start=warm)
             self._sizes.planning = warm
         if self._plan_wanted:
-            self._sizes.planning = self._observer(StartupPlan, model_bytes)
+            self._sizes.planning = self._observer(StartupPlan, model_bytes, tries_sizes=self.config.plan_trial)
         self._tuning_wanted = self._plan_wanted = False
 
-    def _observer(self, kind: type[Observer], model_bytes: int) -> Observer:
+    def _observer(self, kind: type[Observer], model_bytes: int, **options: Any) -> Observer:
         """A start-up plan or tuning warm start observing this store's steps, timing a push+pull
         on keys of its own; rank 0's choice travels over the rank-0 channel."""
         ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]
                              self._kv._barrier, self.config.channel_timeout_s)
         return kind(self._core, ranks, self._timed_pushpull, arch="ps", model_bytes=model_bytes,
-                    drain=self.wait_idle, servers=self._table.num_servers, bigarray_bound=self._table.bigarray_bound)
+                    drain=self.wait_idle, servers=self._table.num_servers, bigarray_bound=self._table.bigarray_bound,
+                    **options)
 
     def _switch_step(self) -> None:
-        """Tell the plan or tuning session that :attr:`step` begins; apply the sizes it switches to."""
-        if self._sizes.tuning is not None:
+        """Tell the plan, its trial or the tuning session that :attr:`step` begins; apply the sizes
+        it switches to."""
+        if self._sizes.times_steps:
             self.wait_idle()  # time finished steps, not posted ones (module doc, "Tuning")
         params = self._sizes.on_step(self.step)
         self._switched_step = self.step
         if params is None:
             return
+        self._apply(params)
         if self._sizes.plan is not None and params == STAY_OUT:
-            self._passthrough = True  # module doc, "Start-up plan"
+            self._passthrough = True  # module doc, "Start-up plan" (on the whole keys again, after a trial's sizes)
             self._avatars.clear()
-            return
-        self.set_params(params)
 
     def _timed_pushpull(self, nbytes: int) -> Callable[[], None]:
         """A blocking pushpull of ``nbytes`` on a server key of its own, which the servers'

@@ -44,8 +44,9 @@ from torch import nn
 from bytesched.core import SchedulingParams, from_env, shutdown
 from bytesched.launch.ports import free_port
 from bytesched.runtime.path_trial import TRIAL_STEPS
+from bytesched.runtime.sizes import step_until_settled
 
-from .optimizer import ScheduledOptimizer, step_until_settled
+from .optimizer import ScheduledOptimizer
 
 EQUIVALENCE_PARTITION_BYTES = 16384
 WORLD_SIZE = 2

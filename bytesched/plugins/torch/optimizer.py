@@ -256,6 +256,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._trial_outcome
 
     @property
+    def plan_trial(self) -> path_trial.TrialOutcome | None:
+        """What timing the plan's sizes against staying out measured and kept, once a plan that
+        chose sizes did so (``BYTESCHED_PLAN_TRIAL``)."""
+        return self._sizes.trial_outcome
+
+    @property
     def settled(self) -> bool:
         """No start-up plan, tuning or path trial will change this optimizer's path or sizes any
         more (every rank settles at the same step)."""
@@ -331,8 +337,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         if not wants_plan(config, backend.size) or self._core in _sized_cores:
             return None
         _sized_cores.add(self._core)
+        tries_sizes = config.plan_trial and (backend.order != "rank0" or self._alone_on_core())
         return self._observer(StartupPlan, backend, model_bytes, device, fusion_bytes=_plan_fusion(config, device),
-                              pass_through_margin=_pass_through_margin(config, device))
+                              pass_through_margin=_pass_through_margin(config, device), tries_sizes=tries_sizes)
 
     def _observer(self, kind: type[Observer], backend: Backend, model_bytes: int, device: torch.device,
                   **options: Any) -> Observer:
@@ -344,7 +351,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def _step_boundary(self) -> None:
         """Step ``self._steps`` is about to begin: switch sizes (and fuse buckets) if the plan or
         the ranks' tuning says so now; where the plan stays out, pass through or, over
-        torch.distributed, start the buckets in their agreed sequence.
+        torch.distributed, start the buckets in their agreed sequence; while the plan's sizes are
+        tried against staying out, pass through or come back to the Core when the trial says.
 
         Called at the end of ``step()`` (and once at construction), when every CommTask of the
         step that ended has been enqueued (``release``/``reduce_all`` enqueue those backward
@@ -352,12 +360,18 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         backward pass, and ``set_params`` is an event the Core handles in order with the
         enqueues. So the same step's tasks are partitioned alike on every rank, in crossing and
         in barrier mode. A follower waits here (bounded) for a switch that is late."""
-        planned = self._sizes.plan is not None
+        before = self._sizes.plan
         params = self._sizes.on_step(self._steps, samples=self._samples_per_step, now=time.monotonic())
         self._steps += 1
         if params is not None:
             self._core.set_params(params)
-        plan = self._sizes.plan if not planned else None  # applied at this boundary
+        plan = self._sizes.plan if self._sizes.plan is not before else None  # applied at this boundary
+        if plan is not None and before is not None:  # the sized plan's trial switched paths
+            if plan.params == STAY_OUT:
+                self._pass_through("the plan's trial times staying out")
+            else:
+                self._return_to_core()
+            return
         if plan is not None and plan.fusion_bytes is not None:
             _planned_fusion[self._core] = plan.fusion_bytes
         if self._fusion_due():
@@ -397,7 +411,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return [[value / 1e3 for value in row] for row in self._backend.all_gather(local).tolist()]
 
     def _return_to_core(self) -> None:
-        """The path trial kept the Core: drop the library's path, hook the Core's back on."""
+        """A trial kept the Core: drop the library's path, hook the Core's back on."""
         assert self._passing is not None
         self._passing.close()
         self._passing = None
@@ -548,21 +562,6 @@ def _plan_fusion(config: Config, device: torch.device) -> float | None:
     were measured to pay; where the CPU also computes, the overlap of small tasks was worth more
     (:data:`bytesched.runtime.plan.STAY_OUT_FUSION_BYTES`)."""
     return config.fusion_bytes if device.type == "cuda" and not config.fusion_fixed else None
-
-
-SETTLE_LIMIT = 100
-"""Steps after which :func:`step_until_settled` gives up: a plan and a path trial take 14."""
-
-
-def step_until_settled(optimizer: ScheduledOptimizer, step: Callable[[], None], limit: int = SETTLE_LIMIT) -> None:
-    """Run ``step`` (one training iteration) until no plan, tuning or path trial will switch
-    ``optimizer``'s path or sizes any more, e.g. before timing it. Every rank settles at the same
-    step, so ranks that call this together stay in step."""
-    for _ in range(limit):
-        if optimizer.settled:
-            return
-        step()
-    raise RuntimeError(f"bytesched had not settled its path after {limit} more steps")
 
 
 def _measures_paths(config: Config, device: torch.device) -> bool:

@@ -1,0 +1,76 @@
+"""Whether a start-up plan's sizes are kept, decided by timing them against staying out.
+
+The plan predicts from one observed step and two timed operations; where the network is noisy
+while it times them, or the simulator misses a cost (the Core's work per partition, the channel's
+announcements), sizes predicted to gain can lose: on 2 emulated parameter-server workers at
+2.5 Gbit/s, a plan that chose sizes from a disturbed calibration (16 MB timed in 219 ms instead of
+about 110) ran ResNet50 at 0.82x the plain store (docs/benchmarks.md). A job that keeps sizes
+should have seen them win. So, after a sized plan, every rank runs :data:`~.path_trial.TRIAL_STEPS`
+steps on its sizes, then as many staying out (no partitioning, no credit limit) on the
+framework's own path (passing through), the first step of each left out, and keeps the sizes
+only if they ran faster by :data:`~.path_trial.CORE_MARGIN`: otherwise it stays on the
+framework's own path, the baseline a user runs without bytesched.
+
+Rank 0's medians decide, broadcast to every rank (a parameter server's workers have no
+collective but the rank-0 channel's broadcast): in synchronous data-parallel training every rank
+runs at the slowest one's pace, so every rank's step lasts as long as rank 0's. The switches come
+back from :meth:`PlanTrial.on_step` as plan outcomes, which a plugin applies as it applies the
+plan's own: the sizes, or staying out and passing through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from bytesched.sim.plan import STAY_OUT
+
+from .lifecycle import Ranks
+from .path_trial import PathTrial, TrialOutcome
+from .plan import PlanOutcome
+
+log = logging.getLogger("bytesched")
+
+US = 1e3
+"""Microseconds per millisecond: the medians travel in the integer broadcast as microseconds."""
+
+
+class PlanTrial:
+    """Times a sized plan against staying out, from the boundary of the plan's own step.
+
+    Call :meth:`on_step` at every later step boundary on every rank, with the same step numbers,
+    until :attr:`done`; apply the outcome it returns (None: nothing changes).
+    """
+
+    def __init__(self, sized: PlanOutcome, ranks: Ranks, now: float | None = None) -> None:
+        if sized.params == STAY_OUT:
+            raise ValueError("a plan trial times sizes against staying out; this plan stays out")
+        self._sized = sized
+        self._ranks = ranks
+        self._counter = PathTrial(core_path=f"the plan's {sized.describe()}")
+        self._counter.boundary(time.monotonic() if now is None else now)
+        self.outcome: TrialOutcome | None = None
+        """What the trial measured and kept, once it decided (the same on every rank)."""
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def on_step(self, step: int, now: float | None = None) -> PlanOutcome | None:
+        """Step ``step`` is about to begin: the plan to apply before it, or None."""
+        action = self._counter.boundary(time.monotonic() if now is None else now)
+        if action == "pass_through":
+            return PlanOutcome(STAY_OUT, step, f"{self._sized.summary}; trial: staying out from step {step}",
+                               passes_through=True)
+        if action != "decide":
+            return None
+        self.outcome = outcome = self._counter.decide(self._rank0s_medians)
+        log.log(logging.INFO if self._ranks.rank == 0 else logging.DEBUG, "bytesched plan trial: %s", outcome.summary)
+        if outcome.passes_through:
+            return None
+        return dataclasses.replace(self._sized, step=step, summary=f"{self._sized.summary}; trial: {outcome.summary}")
+
+    def _rank0s_medians(self, medians: tuple[float, float]) -> list[list[float]]:
+        """Rank 0's pair of medians on every rank (see the module docstring)."""
+        return [[self._ranks.broadcast_int(round(value * US)) / US for value in medians]]
