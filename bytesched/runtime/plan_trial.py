@@ -55,6 +55,7 @@ class PlanTrial:
 
     @property
     def done(self) -> bool:
+        """The trial decided: :meth:`on_step` switches nothing more."""
         return self.outcome is not None
 
     def on_step(self, step: int, now: float | None = None) -> PlanOutcome | None:

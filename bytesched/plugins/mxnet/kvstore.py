@@ -67,9 +67,9 @@ worker applies it before anything of step 2 is posted. A sized plan re-partition
 (below) and restores rank 0's order; it is then tried against staying out
 (:mod:`bytesched.runtime.plan_trial`): after its steps, the keys are laid out whole again and
 the store passes through, and only if the sizes ran faster are they laid out again and kept
-(each step of the trial waits for the previous one's communication, as under tuning). A plan that stays out *passes through*: from then on each
-push, pull or pushpull is the wrapped store's own operation, posted from the caller's thread with
-no CommTask, proxy or Core in between; a pushpull repeating its previous call's objects (Gluon's
+(each step of the trial waits for the previous one's communication, as under tuning). A plan
+that stays out *passes through*: from then on each push, pull or pushpull is the wrapped
+store's own operation, posted from the caller's thread with no CommTask, proxy or Core in between; a pushpull repeating its previous call's objects (Gluon's
 Trainer, every step) reuses that call's arguments. A key on one server key goes on a plain view
 of its arrays (:class:`.task.Views`, which shares the arrays' engine variables). A key laid out
 in several server keys (one above MXNet's big-array bound, striped over the servers) goes on
@@ -440,7 +440,7 @@ class ScheduledKVStore(KVStoreBase):
         if repeat is None or repeat[0] is not value or repeat[1] is not out:
             return False
         if self._sizes.active and ("pushpull", key) in self._seen:
-            return False  # a step boundary where a plan trial may end passing through: _submit's
+            return False  # a step boundary, where a plan trial may end passing through: _submit crosses it
         self._check_healthy()
         self._next_step_if("pushpull", key)
         self._install_optimizer()
