@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bytesched.core import SchedulingParams
+from bytesched.core.channel import ChannelError
 from bytesched.runtime.path_trial import CORE_MARGIN, TRIAL_STEPS, PathTrial
 from bytesched.runtime.plan import PlanOutcome
 from bytesched.runtime.plan_trial import PlanTrial
@@ -109,6 +110,31 @@ def test_a_plan_trial_stays_out_after_the_sizes_steps_and_keeps_the_sizes_only_i
     assert returned[0][-1] is None and returned[1][-1] is None
     assert ranks[1].offered == [103_000, 105_000]  # rank 1's own medians, read 5 ms late: not used
     assert rank0s == [98_000, 100_000]  # rank 0's, in microseconds, decided on both ranks
+
+
+class FailingRank(Rank):
+    """A rank whose broadcast raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(1, [])
+        self.error = error
+
+    def broadcast_int(self, value: int) -> int:
+        raise self.error
+
+
+def test_a_plan_trial_whose_broadcast_fails_in_the_backend_stays_out_and_says_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A backend's broadcast that fails leaves the rank on the framework's own path (where the
+    trial's last steps ran, so nothing switches) with a warning naming the reason, even where its
+    own medians favour the sizes; a failing rank-0 channel raises (module doc)."""
+    failing = [FailingRank(RuntimeError("Horovod has been shut down")) for _ in range(2)]
+    returned = trial_steps(failing, sized_ms=50.0, staying_out_ms=100.0)
+    assert returned[0][-1] is None and returned[1][-1] is None  # no switch back to the sizes
+    assert "rank 1): 50.0 ms per step on the plan's 1MB partitions, 4MB credit, 100.0 passing through: " \
+           "passing through (rank 0's medians could not be received: Horovod has been shut down)" in caplog.text
+    with pytest.raises(ChannelError, match="no value"):
+        trial_steps([FailingRank(ChannelError("no value from rank 0"))] * 2, sized_ms=50.0, staying_out_ms=100.0)
 
 
 def test_a_plan_that_stays_out_has_no_trial() -> None:

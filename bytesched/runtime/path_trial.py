@@ -41,10 +41,14 @@ class TrialOutcome:
     passes_through: bool
     core_path: str = "the Core"
     """What ran on the Core's side: the Core staying out, or a plan's sizes."""
+    reason: str = ""
+    """Why the job passes through whatever the numbers say (empty: the numbers decided)."""
 
     @property
     def summary(self) -> str:
         kept = "passing through" if self.passes_through else f"keeping {self.core_path}"
+        if self.reason:
+            kept += f" ({self.reason})"
         return (f"{self.core_ms:.1f} ms per step on {self.core_path}, {self.own_ms:.1f} passing through: "
                 f"{kept}")
 
@@ -62,7 +66,8 @@ class PathTrial:
             raise ValueError(f"a path trial needs at least 2 steps per path (one untimed), got {steps}")
         self._steps = steps
         self._margin = CORE_MARGIN if margin is None else margin
-        self._core_path = core_path
+        self.core_path = core_path
+        """What runs on the Core's side, as the outcome names it."""
         self._marks: list[float] = []
 
     def boundary(self, now: float) -> str | None:
@@ -91,4 +96,4 @@ class PathTrial:
         ranks = gather(self.medians_ms())
         core_ms = max(pair[0] for pair in ranks)
         own_ms = max(pair[1] for pair in ranks)
-        return TrialOutcome(core_ms, own_ms, not core_ms < own_ms * (1 - self._margin), self._core_path)
+        return TrialOutcome(core_ms, own_ms, not core_ms < own_ms * (1 - self._margin), self.core_path)

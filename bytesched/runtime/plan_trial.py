@@ -13,7 +13,10 @@ framework's own path, the baseline a user runs without bytesched.
 
 Rank 0's medians decide, broadcast to every rank (a parameter server's workers have no
 collective but the rank-0 channel's broadcast): in synchronous data-parallel training every rank
-runs at the slowest one's pace, so every rank's step lasts as long as rank 0's. The switches come
+runs at the slowest one's pace, so every rank's step lasts as long as rank 0's. A broadcast that
+fails in the backend leaves the job where the trial ends, on the framework's own path, with a
+warning naming the reason, as the plan's own broadcast does (:mod:`.plan`); one over the rank-0
+channel raises, since ranks that cannot hear each other cannot agree on anything. The switches come
 back from :meth:`PlanTrial.on_step` as plan outcomes, which a plugin applies as it applies the
 plan's own: the sizes, or staying out and passing through.
 """
@@ -24,6 +27,7 @@ import dataclasses
 import logging
 import time
 
+from bytesched.core.channel import ChannelError
 from bytesched.sim.plan import STAY_OUT
 
 from .lifecycle import Ranks
@@ -66,8 +70,18 @@ class PlanTrial:
                                passes_through=True)
         if action != "decide":
             return None
-        self.outcome = outcome = self._counter.decide(self._rank0s_medians)
-        log.log(logging.INFO if self._ranks.rank == 0 else logging.DEBUG, "bytesched plan trial: %s", outcome.summary)
+        try:
+            outcome = self._counter.decide(self._rank0s_medians)
+        except ChannelError:
+            raise
+        except Exception as exc:  # the backend's broadcast failed: stay on the framework's path
+            outcome = TrialOutcome(*self._counter.medians_ms(), passes_through=True, core_path=self._counter.core_path,
+                                   reason=f"rank 0's medians could not be received: {exc}")
+            log.warning("bytesched plan trial (rank %d): %s", self._ranks.rank, outcome.summary)
+        else:
+            log.log(logging.INFO if self._ranks.rank == 0 else logging.DEBUG, "bytesched plan trial: %s",
+                    outcome.summary)
+        self.outcome = outcome
         if outcome.passes_through:
             return None
         return dataclasses.replace(self._sized, step=step, summary=f"{self._sized.summary}; trial: {outcome.summary}")

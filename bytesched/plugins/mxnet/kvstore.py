@@ -147,13 +147,14 @@ class _Operation:
     pulls: bool
 
     @classmethod
-    def of(cls, layout: KeyLayout, views: Views, values: Arrays, outs: Arrays, plain: bool = False) -> "_Operation":
-        """On ``views`` of ``values`` and ``outs``; ``plain``: a key of one server key and one
-        array per side is given as the plain store's call gives it (no lists to convert)."""
+    def of(cls, layout: KeyLayout, views: Views, values: Arrays, outs: Arrays) -> "_Operation":
+        """On ``views`` of ``values`` and ``outs``; a key of one server key and one array per side
+        is given as the plain store's call gives it (MXNet converts lists element by element, on
+        every call: 5 us of a pushpull's 10 on the development VM)."""
         keys: Any = list(layout.server_keys)
         vals: Any = views.of(values)
         outs_: Any = views.of(outs)
-        if plain and len(keys) == 1:
+        if len(keys) == 1:
             keys, vals, outs_ = keys[0], vals[0], outs_[0]
             vals, outs_ = (a[0] if len(a) == 1 else a for a in (vals, outs_))
         return cls(keys, vals, outs_, bool(values), bool(outs))
@@ -322,7 +323,7 @@ class ScheduledKVStore(KVStoreBase):
         # The plan stayed out, or scheduling is off: operations go to the wrapped store directly.
         self._passthrough = not self.config.scheduling
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
-        self._prepared: dict[tuple[str, UserKey], tuple[Any, _Passed]] = {}  # _pass_through's
+        self._prepared: dict[tuple[str, UserKey], tuple[Any, _Passed]] = {}  # _prepared_operation's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
         self._closed = False
         self._stop_listening = on_channel_failure(self._lost)
@@ -559,29 +560,29 @@ class ScheduledKVStore(KVStoreBase):
         if outs:
             self._last_value[user_key] = outs[0]
             self._pushed_since_pull.discard(user_key)
+        prepared = self._prepared_operation(kind, user_key, layout, views, values, outs)
         if self._passthrough:  # module doc, "Start-up plan": the wrapped store's own operation
             self._passed[(kind, user_key)] = arrays
-            return self._pass_through(kind, user_key, layout, views, values, outs, priority)
+            prepared.post(self._kv, priority)
+            return prepared
         task = KVCommTask(self, kind, layout, -priority)
         with self._lock:
             self._tasks[task.token] = task
         self._core.enqueue(task)
-        task.post(views, priority,  # type: ignore[arg-type]
-                  lambda: _Operation.of(layout, views, values, outs).post(self._kv, priority))
+        operation = prepared.operation
+        task.post(views, priority, lambda: operation.post(self._kv, priority))  # type: ignore[arg-type]
         return None
 
-    def _pass_through(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
-                      outs: Arrays, priority: int) -> _Passed:
-        """Post the wrapped store's operation on ``views``, its arguments worked out once per key
-        and arrays (every argument of MXNet's list form costs a Python conversion per call)."""
+    def _prepared_operation(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
+                            outs: Arrays) -> _Passed:
+        """The wrapped store's operation on ``views``, its arguments worked out once per key and
+        arrays (the views are the same objects while the arrays are: :meth:`Views.matches`)."""
         roles = (tuple(map(id, values)), tuple(map(id, outs)))
         prepared = self._prepared.get((kind, user_key))
         if prepared is None or prepared[1].views is not views or prepared[0] != roles:
             prepared = self._prepared[(kind, user_key)] = (
-                roles, _Passed(views, _Operation.of(layout, views, values, outs, plain=True)))
-        passed = prepared[1]
-        passed.post(self._kv, priority)
-        return passed
+                roles, _Passed(views, _Operation.of(layout, views, values, outs)))
+        return prepared[1]
 
     def _views(self, arrays: Arrays, layout: KeyLayout) -> Views:
         """What a key's operations are posted on: avatars the Core's proxies gate; while passing
