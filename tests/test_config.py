@@ -7,6 +7,7 @@ import pytest
 from bytesched.core.config import (POLICIES, SIMULATED_POLICIES, UNLIMITED, Config, ConfigError, SchedulingParams,
                                    describe_variables, format_size, from_env, parse_size)
 from bytesched.core.policies import make_policy
+from bytesched.runtime.plan_trial import wants_trial
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -113,10 +114,13 @@ def test_stay_out_path_is_one_of_three_and_needs_a_plan() -> None:
         Config(stay_out_path="never")
 
 
-def test_plan_trial_is_on_by_default_and_needs_a_plan() -> None:
-    """BYTESCHED_PLAN_TRIAL says whether a plan's sizes are timed against staying out; where the
-    job has no plan it would be silently ignored, so it is refused naming the setting."""
-    assert from_env({}).plan_trial and not from_env({"BYTESCHED_PLAN_TRIAL": "0"}).plan_trial
+def test_plan_trial_is_on_by_default_on_a_parameter_server_only_and_needs_a_plan() -> None:
+    """BYTESCHED_PLAN_TRIAL says whether a plan's sizes are timed against staying out (unset: on
+    a parameter server, not over an all-reduce); where the job has no plan it would be silently
+    ignored, so it is refused naming the setting."""
+    unset, on, off = (from_env(env) for env in ({}, {"BYTESCHED_PLAN_TRIAL": "1"}, {"BYTESCHED_PLAN_TRIAL": "0"}))
+    assert [wants_trial(config, arch) for config in (unset, on, off) for arch in ("ps", "allreduce")] == \
+        [True, False, True, True, False, False]
     for extra in ({"BYTESCHED_PLAN": "0"}, {"BYTESCHED_CREDIT_BYTES": "4MB"}, {"BYTESCHED_POLICY": "off"}):
         with pytest.raises(ConfigError, match="BYTESCHED_PLAN_TRIAL=0 chooses whether a start-up plan's sizes"):
             from_env({"BYTESCHED_PLAN_TRIAL": "0", **extra})

@@ -123,9 +123,10 @@ class Config:
     """Choose partition and credit sizes at start-up from the job's own measured step
     (:mod:`bytesched.runtime.plan`). :func:`from_env` switches it on unless ``BYTESCHED_PLAN=0``
     or the job sets a size; a Config built in code keeps its explicit ``params``."""
-    plan_trial: bool = True
+    plan_trial: bool | None = None
     """Sizes the start-up plan chose are kept only if they ran faster than staying out and passing
-    through, timed side by side (:mod:`bytesched.runtime.plan_trial`)."""
+    through, timed side by side (:mod:`bytesched.runtime.plan_trial`); None: the backend's default
+    (:func:`bytesched.runtime.plan_trial.wants_trial`)."""
     tuning: bool = False
     tuning_max_trials: int = 15
     tuning_steps_per_trial: int = 50
@@ -337,7 +338,7 @@ VARIABLES: tuple[Variable, ...] = (
              "limit) for two steps, times the backend's all-reduce, and rank 0 picks the sizes by "
              "simulating the second step; every rank applies them from the third (docs/plan.md). "
              "0: the fixed default sizes apply."),
-    Variable("BYTESCHED_PLAN_TRIAL", "plan_trial", _flag, "1",
+    Variable("BYTESCHED_PLAN_TRIAL", "plan_trial", _flag, "1 on a parameter server, 0 over an all-reduce",
              "1: sizes the start-up plan chose are kept only if they run faster than staying out: six "
              "steps on the sizes, six passing through to the framework's own path, and every rank keeps "
              "the faster (the sizes only when faster by 2 %); 0: the sizes are kept as predicted."),

@@ -6,12 +6,12 @@ same weights on the same data as the unscheduled baseline, which it must match b
 (two-rank sums are exact, so how gradients are partitioned cannot change them):
 
 - ``plan``: crossing the barrier, the plan as a user gets it (it measures this loopback network),
-  with no trial of the sizes it picks (``BYTESCHED_PLAN_TRIAL=0``, as in the next two cases);
+  with no trial of the sizes it picks (the default over an all-reduce, as in the next two cases);
 - ``barrier``: the same in barrier mode;
 - ``forced``: rank 0's simulation is replaced by one that always picks 1 MB partitions under a
   2 MB credit (only rank 0 runs it), so the follower must apply sizes it never computed itself,
   and the wide weight is then cut in nine pieces on both ranks;
-- ``tried``: the same sizes, tried against staying out (the default): six steps on them, six
+- ``tried``: the same sizes, tried against staying out (``BYTESCHED_PLAN_TRIAL=1``): six steps on them, six
   passing through, and every rank keeps the faster at the same step (whichever it is here);
   18 steps; ``tried-kept``: the same, the trial's margin set so that the sizes always win;
 - ``failed``: timing the all-reduce raises on every rank (as a backend error would): the job
@@ -65,7 +65,6 @@ TRIAL_STEPS = 18  # the plan at step 2, six steps through the Core, six passing 
 TRIAL_MARGINS = {"measured": None, "kept-core": -math.inf, "kept-core-barrier": -math.inf}
 # Plan-trial cases: the margin the plan's sizes must beat staying out by.
 SIZED_TRIAL_MARGINS = {"tried": None, "tried-kept": -math.inf}
-UNTRIED = ("plan", "barrier", "forced")
 CORE_MARGIN = path_trial_module.CORE_MARGIN
 FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
 SET_PARAMS: list[list[str]] = []
@@ -113,8 +112,8 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     plan_module.make_plan = forced_plan if case in forced else staying_out_plan if case in staying_out else make_plan  # type: ignore[assignment]
     margin = {**TRIAL_MARGINS, **SIZED_TRIAL_MARGINS}.get(case)
     path_trial_module.CORE_MARGIN = CORE_MARGIN if margin is None else margin
-    if case in UNTRIED:
-        os.environ["BYTESCHED_PLAN_TRIAL"] = "0"
+    if case in SIZED_TRIAL_MARGINS:  # an all-reduce job does not try a plan's sizes by default
+        os.environ["BYTESCHED_PLAN_TRIAL"] = "1"
     observer_module.measure_network = failing_network if case in ("failed", "reuse", "late") else measure_network  # type: ignore[assignment]
     optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
     optimizer_module._pass_through_margin = (  # type: ignore[assignment]

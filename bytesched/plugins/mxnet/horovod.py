@@ -52,6 +52,7 @@ from bytesched.core.policies import partition_size
 from bytesched.runtime import channel_of, start_core
 from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.start_observer import Observer
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
@@ -193,7 +194,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._sizes.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
-            self._sizes.planning = self._observer(StartupPlan, weights, grads, tries_sizes=self._config.plan_trial)
+            self._sizes.planning = self._observer(StartupPlan, weights, grads, tries_sizes=wants_trial(self._config, "allreduce"))
         if self._sizes.active:
             self._step_boundary(indices, weights)
         passing = self._passes_through and self._hvd._process_set.included()

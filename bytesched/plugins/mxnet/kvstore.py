@@ -116,6 +116,7 @@ from bytesched.runtime import channel_of, on_channel_failure, start_core, track,
 from bytesched.runtime.channel_ranks import ChannelRanks
 from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.start_observer import Observer
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
@@ -619,7 +620,7 @@ class ScheduledKVStore(KVStoreBase):
                                               warm_start=warm)
             self._sizes.planning = warm
         if self._plan_wanted:
-            self._sizes.planning = self._observer(StartupPlan, model_bytes, tries_sizes=self.config.plan_trial)
+            self._sizes.planning = self._observer(StartupPlan, model_bytes, tries_sizes=wants_trial(self.config, "ps"))
         self._tuning_wanted = self._plan_wanted = False
 
     def _observer(self, kind: type[Observer], model_bytes: int, **options: Any) -> Observer:

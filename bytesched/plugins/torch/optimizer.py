@@ -28,6 +28,7 @@ from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
@@ -337,7 +338,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         if not wants_plan(config, backend.size) or self._core in _sized_cores:
             return None
         _sized_cores.add(self._core)
-        tries_sizes = config.plan_trial and (backend.order != "rank0" or self._alone_on_core())
+        tries_sizes = wants_trial(config, "allreduce") and (backend.order != "rank0" or self._alone_on_core())
         return self._observer(StartupPlan, backend, model_bytes, device, fusion_bytes=_plan_fusion(config, device),
                               pass_through_margin=_pass_through_margin(config, device), tries_sizes=tries_sizes)
 
