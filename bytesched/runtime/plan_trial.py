@@ -9,7 +9,8 @@ should have seen them win. So, after a sized plan, every rank runs :data:`~.path
 steps on its sizes, then as many staying out (no partitioning, no credit limit) on the
 framework's own path (passing through), the first step of each left out, and keeps the sizes
 only if they ran faster by :data:`~.path_trial.CORE_MARGIN`: otherwise it stays on the
-framework's own path, the baseline a user runs without bytesched.
+framework's own path, the baseline a user runs without bytesched. By default only a parameter
+server's plan is tried (:func:`wants_trial` says why).
 
 Rank 0's medians decide, broadcast to every rank (a parameter server's workers have no
 collective but the rank-0 channel's broadcast): in synchronous data-parallel training every rank

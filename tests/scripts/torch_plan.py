@@ -11,8 +11,8 @@ same weights on the same data as the unscheduled baseline, which it must match b
 - ``forced``: rank 0's simulation is replaced by one that always picks 1 MB partitions under a
   2 MB credit (only rank 0 runs it), so the follower must apply sizes it never computed itself,
   and the wide weight is then cut in nine pieces on both ranks;
-- ``tried``: the same sizes, tried against staying out (``BYTESCHED_PLAN_TRIAL=1``): six steps on them, six
-  passing through, and every rank keeps the faster at the same step (whichever it is here);
+- ``tried``: the same sizes, tried against staying out (``BYTESCHED_PLAN_TRIAL=1``): six steps on
+  them, six passing through, and every rank keeps the faster at the same step (whichever it is here);
   18 steps; ``tried-kept``: the same, the trial's margin set so that the sizes always win;
 - ``failed``: timing the all-reduce raises on every rank (as a backend error would): the job
   stays out of the way with a warning naming the reason;

@@ -194,7 +194,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._sizes.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
-            self._sizes.planning = self._observer(StartupPlan, weights, grads, tries_sizes=wants_trial(self._config, "allreduce"))
+            self._sizes.planning = self._observer(StartupPlan, weights, grads,
+                                                  tries_sizes=wants_trial(self._config, "allreduce"))
         if self._sizes.active:
             self._step_boundary(indices, weights)
         passing = self._passes_through and self._hvd._process_set.included()

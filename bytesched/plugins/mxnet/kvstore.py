@@ -620,7 +620,8 @@ class ScheduledKVStore(KVStoreBase):
                                               warm_start=warm)
             self._sizes.planning = warm
         if self._plan_wanted:
-            self._sizes.planning = self._observer(StartupPlan, model_bytes, tries_sizes=wants_trial(self.config, "ps"))
+            self._sizes.planning = self._observer(StartupPlan, model_bytes,
+                                                  tries_sizes=wants_trial(self.config, "ps"))
         self._tuning_wanted = self._plan_wanted = False
 
     def _observer(self, kind: type[Observer], model_bytes: int, **options: Any) -> Observer:
