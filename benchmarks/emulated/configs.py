@@ -63,9 +63,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   policy="bytescheduler", simulated_as="bytescheduler"),
     Configuration("plan", "bytesched with no settings: it stays out of the way for two steps, times the "
                   "backend's all-reduce, and rank 0 picks partition and credit by simulating the second step "
-                  "(the start-up plan); sizes it chose are then tried, six steps on them and six passing "
-                  "through, and kept only if faster (in result files before 2026-11-28, kept untried); the "
-                  "timed steps come after it", policy="bytescheduler", simulated_as="bytescheduler", plan=True),
+                  "(the start-up plan); on a parameter server, sizes it chose are then tried, six steps on them "
+                  "and six passing through, and kept only if faster (over an all-reduce too in result files of "
+                  "revisions 3e837b0 to caf6531; untried in files before them); the timed steps come after it", policy="bytescheduler", simulated_as="bytescheduler", plan=True),
     Configuration("plan-untried", "bytesched with no settings but BYTESCHED_PLAN_TRIAL=0: the start-up plan's "
                   "sizes are kept as predicted, untried", policy="bytescheduler", simulated_as="bytescheduler",
                   plan=True, env=(("BYTESCHED_PLAN_TRIAL", "0"),)),
