@@ -28,8 +28,11 @@
 // of the engine's few shared temp-space variables, and a copy posted before its gradients exist
 // holds that variable until they do, stalling every later operation that draws it.
 //
-// Events go to a queue that one Python thread drains with bs_next_events (a blocking call that
-// releases the GIL), so engine threads never enter the Python interpreter.
+// Events go to a queue that the bytesched Core's thread drains with bs_next_events (a blocking
+// call that releases the GIL), so engine threads never enter the Python interpreter and an event
+// reaches the Core with one thread wake-up. The Core waits here rather than on its own Python
+// queue; whoever puts an event on that queue from another thread calls bs_wake, which makes the
+// current or next wait return (a flag, so a wake that comes before the wait is not lost).
 
 #include <mxnet/c_api.h>
 #include <mxnet/engine.h>
@@ -75,6 +78,7 @@ struct Hub {
   std::unordered_map<uint64_t, int> waiting_ready;  // task -> ready proxies that have not run
   std::unordered_map<uint64_t, Proxy*> open;       // (task, index) -> proxy holding the engine
   bool closed = false;
+  bool woken = false;     // bs_wake since the last bs_next_events returned
   bool draining = false;  // shutting down: proxies complete as soon as they run
 };
 
@@ -227,7 +231,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 5; }
+int bs_abi_version() { return 6; }
 
 // Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
 // It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
@@ -318,18 +322,20 @@ int bs_drain() {
   return static_cast<int>(ran.size());
 }
 
-// Wait up to timeout_ms (forever if negative) for events; copy up to `capacity` into
-// (kinds, indices, tasks). Returns the number copied, 0 on timeout, -2 once closed and drained.
+// Wait up to timeout_us (forever if negative) for events or a bs_wake; copy up to `capacity`
+// into (kinds, indices, tasks). Returns the number copied (0 on timeout or wake), -2 once closed
+// and drained.
 int bs_next_events(int32_t* kinds, int32_t* indices, uint64_t* tasks, int capacity,
-                   int timeout_ms) {
+                   int64_t timeout_us) {
   Hub& h = hub();
   std::unique_lock<std::mutex> lock(h.mu);
-  auto woken = [&h] { return !h.events.empty() || h.closed; };
-  if (timeout_ms < 0) {
+  auto woken = [&h] { return !h.events.empty() || h.closed || h.woken; };
+  if (timeout_us < 0) {
     h.cv.wait(lock, woken);
   } else {
-    h.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), woken);
+    h.cv.wait_for(lock, std::chrono::microseconds(timeout_us), woken);
   }
+  h.woken = false;
   if (h.events.empty()) return h.closed ? -2 : 0;
   int n = 0;
   while (n < capacity && !h.events.empty()) {
@@ -341,6 +347,14 @@ int bs_next_events(int32_t* kinds, int32_t* indices, uint64_t* tasks, int capaci
     ++n;
   }
   return n;
+}
+
+// Make the current bs_next_events return now, or the next one at once.
+void bs_wake() {
+  Hub& h = hub();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.woken = true;
+  h.cv.notify_all();
 }
 
 // Wake bs_next_events callers and make them return -2 once the queue is drained.

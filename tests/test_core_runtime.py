@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import weakref
+from typing import Callable
 
 import psutil
 import pytest
@@ -198,6 +199,99 @@ def test_the_core_polls_completions_between_events_and_sleeps_between_polls() ->
         polls = source.polls
         time.sleep(0.05)
         assert source.polls == polls  # no longer polled
+    finally:
+        core.shutdown(1)
+
+
+class Mailbox:
+    """Events that "engine" threads post and only a wait delivers, on the waiting thread (as the
+    MXNet Dependency Proxies' queue): an :class:`~bytesched.core.core.EventSource`."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._posted: list[Callable[[], None]] = []
+        self._woken = self._closed = False
+        self.waits = 0
+        self.delivering_threads: set[int] = set()
+
+    def post(self, event: Callable[[], None]) -> None:
+        with self._changed:
+            self._posted.append(event)
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def wait(self, timeout: float | None) -> bool:
+        self.waits += 1
+        with self._changed:
+            self._changed.wait_for(lambda: self._posted or self._woken or self._closed, timeout)
+            events, self._posted, self._woken = self._posted, [], False
+            closed = self._closed
+        for event in events:
+            self.delivering_threads.add(threading.get_ident())
+            event()
+        return bool(events) or not closed
+
+
+def engine_finishes(source: Mailbox) -> Callable[[SubTask], None]:
+    """A start that finishes its sub-task through ``source``, from another thread, a moment later."""
+    def start(sub: SubTask) -> None:
+        timer = threading.Timer(0.001, source.post, args=(lambda: sub.task.notify_finish(sub),))
+        timer.daemon = True
+        timer.start()
+    return start
+
+
+def test_a_core_waiting_on_an_event_source_gets_its_events_on_its_thread_and_is_woken_by_others() -> None:
+    core = make_core(credit=1000, partition=400)
+    source = Mailbox()
+    core.wait_on(source)
+    core.wait_on(source)  # the same source again: nothing changes
+    try:
+        tasks = [BufferTask(f"t{i}", i, 800, on_start=engine_finishes(source)) for i in range(20)]
+        for task in tasks:  # enqueued and ready from this thread: each put must wake the Core
+            core.enqueue(task)
+            task.notify_ready()
+        assert core.wait_idle(5.0), "sub-tasks finished through the source never reached the Core"
+        assert [t.finished_callbacks for t in tasks] == [1] * 20
+        assert sum(len(t.started) for t in tasks) == 40  # two partitions each, one credit at a time
+        assert source.delivering_threads == {core._thread.ident}  # type: ignore[union-attr]
+        assert source.waits > 0
+        for _ in range(20):  # asleep in the source's wait with no timeout, and answering at once
+            began = time.monotonic()
+            assert core.query(lambda: 1) == 1 and time.monotonic() - began < 1.0
+        before = core_thread_cpu(core)
+        time.sleep(0.5)
+        assert core_thread_cpu(core) - before < 0.05, "the Core spun while waiting on its source"
+        with pytest.raises(RuntimeError, match="already waits on another event source"):
+            core.wait_on(Mailbox())
+    finally:
+        core.shutdown(1)
+
+
+def test_a_closed_event_source_leaves_the_core_on_its_own_queue() -> None:
+    core = make_core()
+    source = Mailbox()
+    core.wait_on(source)
+    try:
+        source.close()
+        task = BufferTask("after", 0, 400)
+        core.enqueue(task, ready=True)
+        deadline = time.monotonic() + 5
+        while not task.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waits = source.waits
+        task.notify_finish(task.started[0])  # from this thread, as any backend's thread would
+        assert core.wait_idle(2.0) and task.finished_callbacks == 1
+        assert source.waits == waits, "the Core kept waiting on a closed source"
     finally:
         core.shutdown(1)
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,18 +38,30 @@ def fresh_core() -> Iterator[None]:
     bcore.shutdown()
 
 
+@pytest.fixture
+def delivered() -> proxies.ProxyEvents:
+    """The process's proxy events, delivered by a running Core that waits on them (as the
+    plugins' Cores do)."""
+    events = proxies.events()
+    bcore.init(bcore.Config()).wait_on(events)
+    return events
+
+
 class Recorder:
-    """A proxy target that records the events delivered to it."""
+    """A proxy target that records the events delivered to it, and the threads they came on."""
 
     def __init__(self) -> None:
         self.ready = threading.Event()
         self.finished: list[int] = []
         self.changed = threading.Condition()
+        self.threads: set[str] = set()
 
     def proxy_ready(self) -> None:
+        self.threads.add(threading.current_thread().name)
         self.ready.set()
 
     def proxy_finished(self, index: int) -> None:
+        self.threads.add(threading.current_thread().name)
         with self.changed:
             self.finished.append(index)
             self.changed.notify_all()
@@ -71,8 +84,8 @@ def chain(events: proxies.ProxyEvents, tensor: mx.nd.NDArray, ranges: list[tuple
     return token, avatars
 
 
-def test_a_partition_moves_only_when_released_and_independently_of_the_others() -> None:
-    events = proxies.events()
+def test_a_partition_moves_only_when_released_and_independently_of_the_others(delivered: proxies.ProxyEvents) -> None:
+    events = delivered
     grad = mx.nd.ones((8,))
     target = Recorder()
     token, avatars = chain(events, grad, [(0, 4), (4, 8)], target)
@@ -86,11 +99,39 @@ def test_a_partition_moves_only_when_released_and_independently_of_the_others() 
     events.library.release(token, 0)
     assert target.wait_finished(2)
     assert grad.asnumpy().tolist() == [2.0] * 8  # the framework sees the result after the exit fence
+    assert target.threads == {"bytesched-core-0"}  # no thread of their own between engine and Core
     events.forget(token)
 
 
-def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before_finish() -> None:
-    events = proxies.events()
+def test_a_core_waiting_on_engine_events_answers_other_threads_at_once(delivered: proxies.ProxyEvents) -> None:
+    """The Core thread sleeps in the library's wait with no timeout (nothing is in flight, no
+    policy timer): an event put on its queue from another thread must wake it, not wait for the
+    engine's next event."""
+    core = bcore.get_core()
+    for _ in range(20):
+        started = time.monotonic()
+        assert core.query(lambda: "answered", timeout=5.0) == "answered"
+        assert time.monotonic() - started < 1.0
+
+
+def test_a_wake_before_the_wait_is_not_lost() -> None:
+    """bs_wake sets a flag the next wait consumes: a put that lands between the Core's look at
+    its queue and its wait still wakes it. Waits are in microseconds, not whole milliseconds."""
+    library = proxies.events().library  # no Core runs: nothing else waits on the library here
+    buffer = library.event_buffer(4)
+    while buffer.next(0.0):  # what earlier tests' engine operations left queued
+        pass
+    library.wake()
+    started = time.monotonic()
+    assert buffer.next(5.0) == []
+    assert time.monotonic() - started < 1.0, "a wake that came before the wait was lost"
+    started = time.monotonic()
+    assert buffer.next(0.0005) == []  # the flag was consumed: this one times out
+    assert time.monotonic() - started < 0.5
+
+
+def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before_finish(delivered: proxies.ProxyEvents) -> None:
+    events = delivered
     grad = mx.nd.ones((8,))
     order: list[str] = []
 
@@ -114,8 +155,8 @@ def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before
     events.forget(token)
 
 
-def test_ready_waits_for_the_operation_that_computes_the_tensor() -> None:
-    events = proxies.events()
+def test_ready_waits_for_the_operation_that_computes_the_tensor(delivered: proxies.ProxyEvents) -> None:
+    events = delivered
     grad = mx.nd.zeros((4,))
     producer = Recorder()  # a proxy that writes `grad` and is held: "backward still running"
     producer_token = events.register(producer)
@@ -133,7 +174,7 @@ def test_ready_waits_for_the_operation_that_computes_the_tensor() -> None:
     events.forget(producer_token)
 
 
-def test_waiting_fusion_buckets_hold_no_shared_engine_resource() -> None:
+def test_waiting_fusion_buckets_hold_no_shared_engine_resource(delivered: proxies.ProxyEvents) -> None:
     """Regression: buckets whose gradients do not exist yet must not stall unrelated work.
 
     Packing with ``concat`` and unpacking with ``identity`` took one of MXNet's shared temp-space
@@ -144,7 +185,7 @@ def test_waiting_fusion_buckets_hold_no_shared_engine_resource() -> None:
     temp-space variables wait for a held "backward". An ``identity`` posted after them must
     still run, and the buffers must hold the gradients end to end once backward finishes.
     """
-    events = proxies.events()
+    events = delivered
     buckets = int(os.environ.get("MXNET_CPU_TEMP_COPY", "4")) + 2
     grads = [[mx.nd.zeros((3,)), mx.nd.zeros((2, 2))] for _ in range(buckets)]
     backward = events.register(Recorder())  # a held proxy that writes every gradient

@@ -10,6 +10,10 @@ watched from a thread beside it (:mod:`.stall_check`), so this one only schedule
 A backend whose library reports the end of an operation only when asked (Horovod's PyTorch
 binding) registers its in-flight operations as :class:`Completions`, and the Core polls them
 between events: a finish then costs no thread of its own and no hand-off to the Core thread.
+A backend whose events arrive outside Python (MXNet's engine, through the Dependency Proxies'
+C++ queue) is an :class:`EventSource` the Core thread waits on instead of its own queue
+(:meth:`Core.wait_on`): an engine event then wakes the Core directly, and every event put on
+the Core's queue from another thread wakes the source's wait.
 """
 
 from __future__ import annotations
@@ -82,6 +86,18 @@ class Completions(Protocol):
         return the seconds after which polling again is worth it, or None if none is in flight."""
 
 
+class EventSource(Protocol):
+    """Events from outside Python that the Core thread waits for itself (see :meth:`Core.wait_on`)."""
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait (without the GIL) up to ``timeout`` seconds (None: as long as it takes) for events
+        or for :meth:`wake`, and deliver what came, on this thread (they reach the Core as
+        ``notify_ready``/``notify_finish``); False once the source closed for good."""
+
+    def wake(self) -> None:
+        """From any thread: make the current :meth:`wait` return, or the next one at once."""
+
+
 class TimelineSink(Protocol):
     """What the Core needs from a timeline writer (see :mod:`bytesched.core.timeline`)."""
 
@@ -127,7 +143,10 @@ class Core:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self.post_finish: Callable[[SubTask], None] = self._events.put
         """Event: a sub-task finished (use :meth:`CommTask.notify_finish`); the queue's own ``put``,
-        so that the most frequent event costs no Python call and no tuple."""
+        so that the most frequent event costs no Python call and no tuple (:meth:`_post` once
+        the Core waits on an :class:`EventSource`)."""
+        self._source: EventSource | None = None  # what the Core thread waits on besides its queue
+        self._ident: int | None = None  # the Core thread's
         self._thread: threading.Thread | None = None
         self._accepting = True
         self._stall_check = StallCheck(self, channel)
@@ -146,7 +165,7 @@ class Core:
         """Start the scheduler thread (idempotent)."""
         if self._thread is None:
             if self._channel is not None and self.rank != 0 and self.order == "rank0":
-                self._channel.subscribe_order(lambda keys: self._events.put((_ANNOUNCE, keys)))
+                self._channel.subscribe_order(lambda keys: self._post((_ANNOUNCE, keys)))
             self._thread = threading.Thread(target=self._run, name=f"bytesched-core-{self.rank}", daemon=True)
             self._thread.start()
             self._stall_check.start()
@@ -164,7 +183,7 @@ class Core:
         if self._thread is None:
             self._close_outputs()
             return
-        self._events.put((_STOP, time.monotonic() + timeout))
+        self._post((_STOP, time.monotonic() + timeout))
         self._thread.join(timeout + 5.0)
         if self._thread.is_alive():
             log.error("bytesched Core thread did not stop within %.0f s; leaving it (daemon) behind", timeout)
@@ -182,7 +201,7 @@ class Core:
         task.core = self
         # The signal sent once per sub-task goes straight to the queue's put (no Python call).
         task.notify_finish = self.post_finish  # type: ignore[method-assign]
-        self._events.put((_ENQUEUE_READY if ready else _ENQUEUE, task))
+        self._post((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
     def poll_completions(self, source: Completions) -> Callable[[], None]:
         """Poll ``source`` between events from now on; returns the way to stop, which takes
@@ -193,6 +212,33 @@ class Core:
                 self._poll(time.monotonic())
         self._on_core_thread(lambda: self._completions.append(source))
         return lambda: self._on_core_thread(stop)
+
+    def wait_on(self, source: EventSource) -> None:
+        """From now on the Core thread waits on ``source`` rather than on its own queue alone (see
+        the module doc), until the source closes; events put on the queue from other threads
+        wake it. Call it before the source's first task is enqueued; idempotent for one source.
+
+        Raises:
+            RuntimeError: the Core already waits on another source.
+        """
+        def attach() -> None:
+            if self._source is source:
+                return
+            if self._source is not None:
+                raise RuntimeError("the bytesched Core already waits on another event source")
+            self._source = source
+            self.post_finish = self._post
+            for task in self.scheduler.unfinished():  # enqueued before: their finishes wake it too
+                task.notify_finish = self._post  # type: ignore[method-assign]
+        self._on_core_thread(attach)
+
+    def _post(self, event: Any) -> None:
+        """Put ``event`` on the Core's queue, and wake the source the Core thread may wait on
+        (not needed from the Core thread itself, which looks at the queue before it waits)."""
+        self._events.put(event)
+        source = self._source  # read after the put: a source attached before it is woken
+        if source is not None and threading.get_ident() != self._ident:
+            source.wake()
 
     def _on_core_thread(self, fn: Callable[[], None]) -> None:
         """``fn()`` on the Core thread, or here if the thread is not running (so nothing races)."""
@@ -210,11 +256,11 @@ class Core:
 
     def post_ready(self, task: CommTask) -> None:
         """Event: ``task`` is ready (use :meth:`CommTask.notify_ready`)."""
-        self._events.put((_READY, task))
+        self._post((_READY, task))
 
     def set_params(self, params: SchedulingParams) -> None:
         """New partition/credit sizes; callers apply them at a step all ranks agreed on."""
-        self._events.put((_PARAMS, params))
+        self._post((_PARAMS, params))
 
     def observe(self, observer: Callable[[SubTask], None] | None) -> None:
         """From now on, also hand every finished sub-task to ``observer`` (None: stop), on the
@@ -312,7 +358,7 @@ class Core:
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the Core thread, in order with the other events."""
-        self._events.put((_CALL, fn))
+        self._post((_CALL, fn))
 
     def take_stats(self) -> Stats:
         """Counters since the previous call, read consistently on the Core thread."""
@@ -338,6 +384,7 @@ class Core:
 
     # -- the scheduler thread -----------------------------------------------------------------
     def _run(self) -> None:
+        self._ident = threading.get_ident()
         try:
             self._loop()
         except BaseException as exc:  # a bug or a protocol violation: fail loudly, wake waiters
@@ -358,10 +405,16 @@ class Core:
         stop_deadline: float | None = None
         while True:
             timeout = self._wait_timeout(clock(), stop_deadline)
-            try:
-                event = get_within(events, timeout)
-            except queue.Empty:
-                event = None
+            source = self._source
+            if source is None:
+                try:
+                    event = get_within(events, timeout)
+                except queue.Empty:
+                    event = None
+            else:  # its events reach the queue from this thread; others' puts wake its wait
+                if empty() and not source.wait(timeout):
+                    self._source = None  # closed: the queue alone from now on
+                event = get() if not empty() else None
             started: list[SubTask] = []
             finished: list[SubTask] = []  # a run of finishes, handed to the Scheduler in one call
             while event is not None:

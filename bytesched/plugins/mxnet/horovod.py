@@ -86,6 +86,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
                                     "collectives itself): use auto or immediate")
         self._core = start_core(self._config, _HorovodRanks())
         self._events = events()
+        self._core.wait_on(self._events)  # engine events wake the Core's thread directly
         self._partition_bytes = partition_size(self._config.policy, self._config.params)
         self._avatars: dict[str, Avatars] = {}
         self._buckets: dict[int, Bucket] = {}

@@ -293,6 +293,7 @@ class ScheduledKVStore(KVStoreBase):
         self._core = start_core(self.config, _StoreWorkers(self.core_rank, self.world_size, _need(kvstore.type),
                                                          kvstore._barrier),
                                 policy=_policy_for(kvstore.type, self.config), resized=self._resized)
+        self._core.wait_on(self.events)  # engine events wake the Core's thread directly
         self.order = self._core.order
         self._channel = channel_of(self._core)
         if self._plan_wanted:

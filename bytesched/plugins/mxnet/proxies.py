@@ -1,18 +1,20 @@
 """Python side of the MXNet Dependency Proxies (csrc/proxies.cc), loaded with ctypes.
 
 The C++ library posts the proxy operations into MXNet's engine and queues their events; this
-module loads it, wraps its calls, makes avatars, and runs the one thread that turns queued
-engine events into :meth:`CommTask.notify_ready` / :meth:`CommTask.notify_finish`. Engine threads
-never enter Python: they only push to the library's queue.
+module loads it, wraps its calls, makes avatars, and is the event source the bytesched Core's
+thread waits on (:class:`ProxyEvents`, :meth:`bytesched.core.Core.wait_on`): the Core turns queued
+engine events into :meth:`CommTask.notify_ready` / :meth:`CommTask.notify_finish` itself. Engine
+threads never enter Python: they only push to the library's queue.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -23,7 +25,7 @@ from bytesched.runtime import ENGINE, track
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 5
+ABI_VERSION = 6
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -50,8 +52,8 @@ class ProxyLibrary:
     held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
     (the emulated benchmark, docs/benchmarks.md). It is safe because these calls only take the library's
     own lock and the engine's, which no thread holds while waiting for the GIL: engine threads
-    never enter Python here (see the module doc). The one blocking call, :meth:`next_events`,
-    and the rare ones go through ``CDLL``.
+    never enter Python here (see the module doc). :meth:`wake` is such a call too. The one
+    blocking call, the wait for events (:meth:`event_buffer`), and the rare ones go through ``CDLL``.
     """
 
     def __init__(self, path: Path = LIBRARY) -> None:
@@ -67,11 +69,12 @@ class ProxyLibrary:
                                     f"expected {ABI_VERSION}): {BUILD_HINT}")
         u64, i32, vp = ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
         lib.bs_last_error.restype = ctypes.c_char_p
-        lib.bs_next_events.argtypes = [vp, vp, vp, i32, i32]
+        lib.bs_next_events.argtypes = [vp, vp, vp, i32, ctypes.c_int64]
         lib.bs_make_avatar.argtypes = [vp, ctypes.POINTER(vp)]
         held.bs_post_entry.argtypes = [u64, i32, vp, i32, vp, i32, i32, i32]
         held.bs_post_exit.argtypes = [u64, i32, vp, i32, vp, i32, i32]
         held.bs_release.argtypes = [u64, i32]
+        held.bs_wake.argtypes = []
         held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
         held.bs_post_fence.argtypes = [vp, i32, vp, i32, i32, ctypes.c_char_p]
         self._lib = lib
@@ -118,19 +121,41 @@ class ProxyLibrary:
         return int(self._lib.bs_drain())
 
     def close(self) -> None:
-        """Wake the event thread and let it end."""
+        """Make every wait for events return: from now on :meth:`EventBuffer.next` answers None
+        once the queue is empty."""
         self._lib.bs_close()
 
-    def next_events(self, capacity: int, timeout_ms: int) -> list[tuple[int, int, int]] | None:
-        """Up to ``capacity`` queued (kind, task, index) events, waiting up to ``timeout_ms``
-        (forever if negative); ``None`` once closed."""
-        kinds = (ctypes.c_int32 * capacity)()
-        indices = (ctypes.c_int32 * capacity)()
-        tasks = (ctypes.c_uint64 * capacity)()
-        n = self._lib.bs_next_events(kinds, indices, tasks, capacity, timeout_ms)
+    def wake(self) -> None:
+        """Make the current wait for events return now, or the next one at once."""
+        self._held.bs_wake()
+
+    def event_buffer(self, capacity: int) -> "EventBuffer":
+        """What waits for queued events and takes up to ``capacity`` of them at a time."""
+        return EventBuffer(self._lib.bs_next_events, self._check, capacity)
+
+
+class EventBuffer:
+    """Where :meth:`next` copies queued (kind, task, index) events: made once, since the Core
+    thread drains the library's queue after every wake-up."""
+
+    def __init__(self, next_events: Callable[..., int], check: Callable[[int, str], None], capacity: int) -> None:
+        self._next_events = next_events
+        self._check = check
+        self.capacity = capacity
+        self._kinds = (ctypes.c_int32 * capacity)()
+        self._indices = (ctypes.c_int32 * capacity)()
+        self._tasks = (ctypes.c_uint64 * capacity)()
+
+    def next(self, timeout: float | None) -> list[tuple[int, int, int]] | None:
+        """Up to :attr:`capacity` queued events, waiting (without the GIL) up to ``timeout``
+        seconds (None: until one comes) or until :meth:`ProxyLibrary.wake`; ``None`` once the
+        library was closed and its queue is empty."""
+        micros = -1 if timeout is None else math.ceil(timeout * 1e6)
+        n = self._next_events(self._kinds, self._indices, self._tasks, self.capacity, micros)
         if n == -2:
             return None
         self._check(n, "waiting for proxy events")
+        kinds, tasks, indices = self._kinds, self._tasks, self._indices
         return [(kinds[i], tasks[i], indices[i]) for i in range(n)]
 
 
@@ -216,23 +241,28 @@ class ProxyTarget(Protocol):
 
 
 class ProxyEvents:
-    """The process's proxy tokens and the one thread that delivers their events.
+    """The process's proxy tokens, and the event source the Core's thread waits on
+    (:class:`bytesched.core.core.EventSource`).
 
-    A token names one task's proxies in the C++ library. The thread sleeps in the library's
-    blocking wait (the GIL is released there), so it costs nothing while the engine is quiet,
-    and it takes events in batches, so thousands of tiny partitions cost one Python wake-up per
-    batch rather than one per partition.
+    A token names one task's proxies in the C++ library. The plugins have their Core wait on this
+    source (:meth:`bytesched.core.Core.wait_on`) before they post a chain: the Core's thread then
+    sleeps in the library's blocking wait (the GIL is released there), costs nothing while the
+    engine is quiet, and takes events in batches, so thousands of tiny partitions cost one wake-up
+    per batch rather than one per partition. A thread of this module's own that handed every
+    batch on to the Core's queue cost a second wake-up and GIL hand-off per batch, and took
+    10-25 us of CPU per tensor (`python -m benchmarks overhead`, docs/benchmarks.md).
     """
 
     BATCH = 256
 
     def __init__(self, library: ProxyLibrary) -> None:
         self.library = library
+        self._buffer = library.event_buffer(self.BATCH)
         self._targets: dict[int, ProxyTarget] = {}
         self._next = 1
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="bytesched-mxnet-proxy-events", daemon=True)
-        self._thread.start()
+        self.wake = library.wake
+        """Make the current :meth:`wait` return now, or the next one at once (from any thread)."""
         track(self, ENGINE)  # released by bytesched.runtime.shutdown once the plugins' objects closed
 
     def register(self, target: ProxyTarget) -> int:
@@ -249,29 +279,32 @@ class ProxyEvents:
 
     def close(self, timeout: float = 5.0) -> None:
         """At shutdown: release every proxy (MXNet waits for all engine operations when the
-        process ends, so none may stay open), deliver what is queued, end the thread."""
+        process ends, so none may stay open) and end waiting: the Core's thread delivers what is
+        queued, then waits on its own queue alone."""
         self.library.drain()
         self.library.close()
-        self._thread.join(timeout)
 
-    def _run(self) -> None:
-        while True:
-            events = self.library.next_events(self.BATCH, -1)
-            if events is None:
-                return
-            for kind, token, index in events:
-                with self._lock:
-                    target = self._targets.get(token)
-                if target is None:
-                    log.error("proxy event (%d, partition %d) for unknown task token %d", kind, index, token)
-                    continue
-                try:
-                    if kind == EVENT_READY:
-                        target.proxy_ready()
-                    else:
-                        target.proxy_finished(index)
-                except Exception:  # one bad task must not stop delivery to the others
-                    log.exception("delivering proxy event (%d, task %d, partition %d) failed", kind, token, index)
+    def wait(self, timeout: float | None) -> bool:
+        """Deliver the queued events to their targets, on this thread, after waiting up to
+        ``timeout`` seconds (None: as long as it takes) for one or for :meth:`wake`; False once
+        the library was closed and nothing is left to deliver."""
+        events = self._buffer.next(timeout)
+        if events is None:
+            return False
+        targets = self._targets
+        for kind, token, index in events:
+            target = targets.get(token)
+            if target is None:
+                log.error("proxy event (%d, partition %d) for unknown task token %d", kind, index, token)
+                continue
+            try:
+                if kind == EVENT_READY:
+                    target.proxy_ready()
+                else:
+                    target.proxy_finished(index)
+            except Exception:  # one bad task must not stop delivery to the others
+                log.exception("delivering proxy event (%d, task %d, partition %d) failed", kind, token, index)
+        return True
 
 
 _events: ProxyEvents | None = None
@@ -279,7 +312,7 @@ _lock = threading.Lock()
 
 
 def events() -> ProxyEvents:
-    """The process's proxy library and event thread (loaded and started once)."""
+    """The process's proxy library and its events (loaded once)."""
     global _events
     with _lock:
         if _events is None:

@@ -160,8 +160,8 @@ class ProxiedTask(CommTask):
 
         Where the Core would start every partition on readiness anyway, the ready proxies
         complete by themselves once they ran (:attr:`CommTask.released_on_ready`): a partition's
-        push or all-reduce then follows the gradient without a wake-up of the proxy-event and
-        Core threads in between, which on the 4-worker PS cost more than scheduling saved."""
+        push or all-reduce then follows the gradient without a wake-up of the Core thread in
+        between, which on the 4-worker PS cost more than scheduling saved."""
         self.released_on_ready = self.core is not None and self.core.releases_on_ready()
         lib = self.events.library
         lib.post_entry(self.token, avatars.chain, priority, self.released_on_ready)
