@@ -250,7 +250,7 @@ class ProxyEvents:
     engine is quiet, and takes events in batches, so thousands of tiny partitions cost one wake-up
     per batch rather than one per partition. A thread of this module's own that handed every
     batch on to the Core's queue cost a second wake-up and GIL hand-off per batch, and took
-    10-25 us of CPU per tensor (`python -m benchmarks overhead`, docs/benchmarks.md).
+    6-25 us of CPU per tensor (`python -m benchmarks overhead`, docs/benchmarks.md).
     """
 
     BATCH = 256
