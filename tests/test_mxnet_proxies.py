@@ -174,6 +174,34 @@ def test_ready_waits_for_the_operation_that_computes_the_tensor(delivered: proxi
     events.forget(producer_token)
 
 
+def test_a_one_partition_chain_waits_for_earlier_readers_and_holds_later_users(
+        delivered: proxies.ProxyEvents) -> None:
+    """A chain of one partition has no fences: its ready proxy must still wait for every earlier
+    reader of the tensor (here the held ready proxies of a two-partition chain, which read it),
+    and the tensor's next user must still wait for its finish."""
+    events = delivered
+    grad = mx.nd.ones((8,))
+    reader = Recorder()
+    reader_token = events.register(reader)
+    reading = Avatars(events.library, [grad], [(0, 4), (4, 8)])
+    events.library.post_entry(reader_token, reading.chain, 0)  # two ready proxies read grad, held
+    assert reader.ready.wait(5)
+    target = Recorder()
+    token, _ = chain(events, grad, [(0, 8)], target)
+    assert not target.ready.wait(HELD), "a one-partition chain overtook an earlier reader of its tensor"
+    events.library.release(reader_token, 0)
+    events.library.release(reader_token, 1)
+    assert target.ready.wait(5)
+    read = threading.Event()
+    threading.Thread(target=lambda: (grad.wait_to_read(), read.set()), daemon=True).start()
+    assert not read.wait(HELD), "the tensor was readable before its partition was communicated"
+    events.library.release(token, 0)
+    assert target.wait_finished(1) and read.wait(5)
+    assert grad.asnumpy().tolist() == [2.0] * 8
+    events.forget(token)
+    events.forget(reader_token)
+
+
 def test_waiting_fusion_buckets_hold_no_shared_engine_resource(delivered: proxies.ProxyEvents) -> None:
     """Regression: buckets whose gradients do not exist yet must not stall unrelated work.
 
