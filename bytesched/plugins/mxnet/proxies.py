@@ -86,7 +86,8 @@ class ProxyLibrary:
             raise ProxyLibraryError(f"{what}: {self._lib.bs_last_error().decode(errors='replace')}")
 
     def post_entry(self, task: int, chain: "Chain", priority: int, released_on_ready: bool = False) -> None:
-        """The head of ``task``'s chain: the entry fence, then one ready proxy per partition
+        """The head of ``task``'s chain: the entry fence (none for one partition: its ready proxy
+        writes the tensors instead), then one ready proxy per partition
         (proxy i reads the tensors and holds partition i's avatars until :meth:`release`, or,
         ``released_on_ready``, only until it has run and queued the task's READY event)."""
         self._check(self._held.bs_post_entry(task, *chain.arguments, priority, int(released_on_ready)),
@@ -98,7 +99,8 @@ class ProxyLibrary:
 
     def post_exit(self, task: int, chain: "Chain", priority: int) -> None:
         """The tail of ``task``'s chain: one finish proxy per partition, after whatever last
-        wrote its avatars, then the exit fence that hands the tensors back to the framework."""
+        wrote its avatars, then the exit fence that hands the tensors back to the framework
+        (none for one partition: its finish proxy writes the tensors instead)."""
         self._check(self._held.bs_post_exit(task, *chain.arguments, priority),
                     "posting the finish proxies and exit fence")
 

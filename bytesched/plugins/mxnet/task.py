@@ -13,6 +13,9 @@ order, from the framework's thread (paper §3.3, Figure 6)::
     finish proxies  one per partition, after the backend wrote its avatars -> notify_finish()
     exit fence      mutates the tensors after all of it: later framework work waits here
 
+A task of one partition posts no fences: its ready and finish proxies mutate the tensors
+themselves (csrc/proxies.cc), which orders them as the fences would.
+
 An *avatar* is an NDArray over a partition of the tensor's memory with its own engine variable
 (:meth:`ProxyLibrary.make_avatar`). Holding avatars instead of the tensor keeps a delayed
 partition from blocking anything but that tensor's next use, and lets the partitions of one
