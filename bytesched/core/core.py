@@ -199,7 +199,7 @@ class Core:
         if self.failure is not None or not self._accepting or self._thread is None:
             raise self._refusal(task)
         task.core = self
-        # The signal sent once per sub-task goes straight to the queue's put (no Python call).
+        # The signal sent once per sub-task: the queue's put (no Python call) unless a source waits.
         task.notify_finish = self.post_finish  # type: ignore[method-assign]
         self._post((_ENQUEUE_READY if ready else _ENQUEUE, task))
 
