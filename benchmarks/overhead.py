@@ -57,6 +57,9 @@ UNFUSED_ONLY = ("mxnet-ps",)
 RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+) passing=([01]) "
                     r"cpu_ms_by_thread=(\{.*\})")
 JOB_TIMEOUT_S = 300.0
+FAILURE_LINES = 120
+"""How much of a failed job's output the error shows: a rank that crashes at start-up prints
+first, ahead of the other ranks' tracebacks and the launcher's own (30 lines lost it)."""
 
 
 class JobResult(NamedTuple):
@@ -310,7 +313,7 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
                          f"{JOB_TIMEOUT_S:.0f} s") from None
     found = RESULT.search(output)
     if proc.returncode != 0 or found is None:
-        tail = "\n".join(output.splitlines()[-30:])
+        tail = "\n".join(output.splitlines()[-FAILURE_LINES:])
         raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
     return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)), found.group(4) == "1",
