@@ -59,7 +59,7 @@ RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) t
 JOB_TIMEOUT_S = 300.0
 FAILURE_LINES = 120
 """How much of a failed job's output the error shows: a rank that crashes at start-up prints
-first, ahead of the other ranks' tracebacks and the launcher's own (30 lines lost it)."""
+first, ahead of the other ranks' tracebacks and the launcher's own, about 30 lines."""
 
 
 class JobResult(NamedTuple):
