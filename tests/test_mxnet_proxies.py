@@ -39,7 +39,7 @@ def fresh_core() -> Iterator[None]:
 
 
 @pytest.fixture
-def delivered() -> proxies.ProxyEvents:
+def events() -> proxies.ProxyEvents:
     """The process's proxy events, delivered by a running Core that waits on them (as the
     plugins' Cores do)."""
     events = proxies.events()
@@ -84,8 +84,7 @@ def chain(events: proxies.ProxyEvents, tensor: mx.nd.NDArray, ranges: list[tuple
     return token, avatars
 
 
-def test_a_partition_moves_only_when_released_and_independently_of_the_others(delivered: proxies.ProxyEvents) -> None:
-    events = delivered
+def test_a_partition_moves_only_when_released_and_independently_of_the_others(events: proxies.ProxyEvents) -> None:
     grad = mx.nd.ones((8,))
     target = Recorder()
     token, avatars = chain(events, grad, [(0, 4), (4, 8)], target)
@@ -103,7 +102,7 @@ def test_a_partition_moves_only_when_released_and_independently_of_the_others(de
     events.forget(token)
 
 
-def test_a_core_waiting_on_engine_events_answers_other_threads_at_once(delivered: proxies.ProxyEvents) -> None:
+def test_a_core_waiting_on_engine_events_answers_other_threads_at_once(events: proxies.ProxyEvents) -> None:
     """The Core thread sleeps in the library's wait with no timeout (nothing is in flight, no
     policy timer): an event put on its queue from another thread must wake it, not wait for the
     engine's next event."""
@@ -130,8 +129,8 @@ def test_a_wake_before_the_wait_is_not_lost() -> None:
     assert time.monotonic() - started < 0.5
 
 
-def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before_finish(delivered: proxies.ProxyEvents) -> None:
-    events = delivered
+def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before_finish(
+        events: proxies.ProxyEvents) -> None:
     grad = mx.nd.ones((8,))
     order: list[str] = []
 
@@ -155,8 +154,7 @@ def test_a_task_released_on_ready_moves_once_its_tensor_exists_with_ready_before
     events.forget(token)
 
 
-def test_ready_waits_for_the_operation_that_computes_the_tensor(delivered: proxies.ProxyEvents) -> None:
-    events = delivered
+def test_ready_waits_for_the_operation_that_computes_the_tensor(events: proxies.ProxyEvents) -> None:
     grad = mx.nd.zeros((4,))
     producer = Recorder()  # a proxy that writes `grad` and is held: "backward still running"
     producer_token = events.register(producer)
@@ -175,11 +173,10 @@ def test_ready_waits_for_the_operation_that_computes_the_tensor(delivered: proxi
 
 
 def test_a_one_partition_chain_waits_for_earlier_readers_and_holds_later_users(
-        delivered: proxies.ProxyEvents) -> None:
+        events: proxies.ProxyEvents) -> None:
     """A chain of one partition has no fences: its ready proxy must still wait for every earlier
     reader of the tensor (here the held ready proxies of a two-partition chain, which read it),
     and the tensor's next user must still wait for its finish."""
-    events = delivered
     grad = mx.nd.ones((8,))
     reader = Recorder()
     reader_token = events.register(reader)
@@ -202,7 +199,7 @@ def test_a_one_partition_chain_waits_for_earlier_readers_and_holds_later_users(
     events.forget(reader_token)
 
 
-def test_waiting_fusion_buckets_hold_no_shared_engine_resource(delivered: proxies.ProxyEvents) -> None:
+def test_waiting_fusion_buckets_hold_no_shared_engine_resource(events: proxies.ProxyEvents) -> None:
     """Regression: buckets whose gradients do not exist yet must not stall unrelated work.
 
     Packing with ``concat`` and unpacking with ``identity`` took one of MXNet's shared temp-space
@@ -213,7 +210,6 @@ def test_waiting_fusion_buckets_hold_no_shared_engine_resource(delivered: proxie
     temp-space variables wait for a held "backward". An ``identity`` posted after them must
     still run, and the buffers must hold the gradients end to end once backward finishes.
     """
-    events = delivered
     buckets = int(os.environ.get("MXNET_CPU_TEMP_COPY", "4")) + 2
     grads = [[mx.nd.zeros((3,)), mx.nd.zeros((2, 2))] for _ in range(buckets)]
     backward = events.register(Recorder())  # a held proxy that writes every gradient
