@@ -195,13 +195,21 @@ class Core:
 
     # -- plugin interface ---------------------------------------------------------------------
     def enqueue(self, task: CommTask, *, ready: bool = False) -> None:
-        """Hand ``task`` to the Core; with ``ready=True`` it is also ready (saves one event)."""
+        """Hand ``task`` to the Core; with ``ready=True`` it is also ready (saves one event).
+
+        A task that is not ready yet gives the Core nothing to do before its ready event, which
+        wakes the Core's thread anyway: its enqueue waits in the queue, ahead of that event,
+        without waking the :class:`EventSource` the thread may sleep in. On the MXNet stacks,
+        where the training thread enqueues every key, that wake-up cost a Core wake-up per key."""
         if self.failure is not None or not self._accepting or self._thread is None:
             raise self._refusal(task)
         task.core = self
         # The signal sent once per sub-task: the queue's put (no Python call) unless a source waits.
         task.notify_finish = self.post_finish  # type: ignore[method-assign]
-        self._post((_ENQUEUE_READY if ready else _ENQUEUE, task))
+        if ready:
+            self._post((_ENQUEUE_READY, task))
+        else:
+            self._events.put((_ENQUEUE, task))
 
     def poll_completions(self, source: Completions) -> Callable[[], None]:
         """Poll ``source`` between events from now on; returns the way to stop, which takes
