@@ -211,7 +211,7 @@ class Mailbox:
         self._changed = threading.Condition()
         self._posted: list[Callable[[], None]] = []
         self._woken = self._closed = False
-        self.waits = 0
+        self.waits = self.wakes = 0
         self.delivering_threads: set[int] = set()
 
     def post(self, event: Callable[[], None]) -> None:
@@ -221,6 +221,7 @@ class Mailbox:
 
     def wake(self) -> None:
         with self._changed:
+            self.wakes += 1
             self._woken = True
             self._changed.notify_all()
 
@@ -257,7 +258,7 @@ def test_a_core_waiting_on_an_event_source_gets_its_events_on_its_thread_and_is_
     core.wait_on(source)  # the same source again: nothing changes
     try:
         tasks = [BufferTask(f"t{i}", i, 800, on_start=engine_finishes(source)) for i in range(20)]
-        for task in tasks:  # enqueued and ready from this thread: each put must wake the Core
+        for task in tasks:  # ready from this thread: each ready event must wake the Core
             core.enqueue(task)
             task.notify_ready()
         assert core.wait_idle(5.0), "sub-tasks finished through the source never reached the Core"
@@ -273,6 +274,27 @@ def test_a_core_waiting_on_an_event_source_gets_its_events_on_its_thread_and_is_
         assert core_thread_cpu(core) - before < 0.05, "the Core spun while waiting on its source"
         with pytest.raises(RuntimeError, match="already waits on another event source"):
             core.wait_on(Mailbox())
+    finally:
+        core.shutdown(1)
+
+
+def test_an_enqueue_of_a_task_not_ready_waits_for_its_ready_event_without_waking_the_source() -> None:
+    """The Core has nothing to do for a task before it is ready, and the ready event comes
+    through the source, which wakes the Core: the training thread's enqueues cost no wake-up."""
+    core = make_core(credit=1000, partition=400)
+    source = Mailbox()
+    core.wait_on(source)
+    try:
+        tasks = [BufferTask(f"t{i}", i, 800, on_start=engine_finishes(source)) for i in range(20)]
+        wakes = source.wakes
+        for task in tasks:
+            core.enqueue(task)
+        assert source.wakes == wakes, "an enqueue of a task not ready woke the Core's source"
+        for task in tasks:  # as the engine's ready proxies do, from another thread
+            source.post(task.notify_ready)
+        assert core.wait_idle(5.0), "tasks enqueued without a wake-up were never scheduled"
+        assert [t.finished_callbacks for t in tasks] == [1] * 20
+        assert [len(t.started) for t in tasks] == [2] * 20
     finally:
         core.shutdown(1)
 
