@@ -85,8 +85,6 @@ struct Hub {
   bool closed = false;
   bool woken = false;     // bs_wake since the last bs_next_events returned
   bool draining = false;  // shutting down: proxies complete as soon as they run
-  bool waiting = false;   // a bs_next_events caller sleeps on cv
-  bool notified = false;  // ... and was notified since it began to
 };
 
 Hub& hub() {
@@ -116,19 +114,9 @@ const Context& cpu() {
 
 const FnProperty kNormal = FnProperty::kNormal;
 
-// Under h.mu: whether the caller must notify the waiting Core thread, once it let go of the
-// lock (notified under it, the woken thread would block on the lock at once). A thread already
-// notified needs no second notification: it takes every queued event when it runs.
-bool take_notification(Hub& h) {
-  if (!h.waiting || h.notified) return false;
-  h.notified = true;
-  return true;
-}
-
-// Under h.mu: queue `ev`; true if the caller must notify (take_notification).
-bool push_event(Hub& h, Event ev) {
+void push_event(Hub& h, Event ev) {
   h.events.push_back(ev);
-  return take_notification(h);
+  h.cv.notify_one();
 }
 
 // Engine thread: the gradient exists. Record the callback; the op stays open until released
@@ -137,27 +125,23 @@ void run_ready(void* /*rctx*/, void* on_complete, void* param) {
   Proxy* proxy = static_cast<Proxy*>(param);
   const CallbackOnComplete done = *static_cast<CallbackOnComplete*>(on_complete);
   Hub& h = hub();
-  bool notify = false;
-  bool held = false;  // stays open until bs_release
   {
     std::lock_guard<std::mutex> lock(h.mu);
     if (!h.draining) {
       auto it = h.waiting_ready.find(proxy->task);
       if (it != h.waiting_ready.end() && --it->second == 0) {
         h.waiting_ready.erase(it);
-        notify = push_event(h, Event{kEventReady, 0, proxy->task});
+        push_event(h, Event{kEventReady, 0, proxy->task});
       }
       if (!proxy->released_on_ready) {
         proxy->done = done;
         proxy->ran = true;
-        held = true;
+        return;
       }
     } else {
       h.open.erase(slot(proxy->task, proxy->index));
     }
   }
-  if (notify) h.cv.notify_one();
-  if (held) return;
   delete proxy;
   done();
 }
@@ -166,12 +150,8 @@ void run_ready(void* /*rctx*/, void* on_complete, void* param) {
 void run_finish(void* /*rctx*/, void* param) {
   const Event* ev = static_cast<const Event*>(param);
   Hub& h = hub();
-  bool notify;
-  {
-    std::lock_guard<std::mutex> lock(h.mu);
-    notify = push_event(h, *ev);
-  }
-  if (notify) h.cv.notify_one();
+  std::lock_guard<std::mutex> lock(h.mu);
+  push_event(h, *ev);
 }
 
 void delete_event(void* param) { delete static_cast<Event*>(param); }
@@ -374,14 +354,11 @@ int bs_next_events(int32_t* kinds, int32_t* indices, uint64_t* tasks, int capaci
   Hub& h = hub();
   std::unique_lock<std::mutex> lock(h.mu);
   auto woken = [&h] { return !h.events.empty() || h.closed || h.woken; };
-  h.waiting = true;
-  h.notified = false;
   if (timeout_us < 0) {
     h.cv.wait(lock, woken);
   } else {
     h.cv.wait_for(lock, std::chrono::microseconds(timeout_us), woken);
   }
-  h.waiting = false;
   h.woken = false;
   if (h.events.empty()) return h.closed ? -2 : 0;
   int n = 0;
@@ -399,13 +376,9 @@ int bs_next_events(int32_t* kinds, int32_t* indices, uint64_t* tasks, int capaci
 // Make the current bs_next_events return now, or the next one at once.
 void bs_wake() {
   Hub& h = hub();
-  bool notify;
-  {
-    std::lock_guard<std::mutex> lock(h.mu);
-    h.woken = true;
-    notify = take_notification(h);
-  }
-  if (notify) h.cv.notify_one();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.woken = true;
+  h.cv.notify_all();
 }
 
 // Wake bs_next_events callers and make them return -2 once the queue is drained.
