@@ -245,6 +245,8 @@ def test_protocol_errors_name_the_problem() -> None:
     lib = proxies.events().library
     with pytest.raises(proxies.ProxyLibraryError, match="no open proxy"):
         lib.release(987654, 0)
+    with pytest.raises(ValueError, match="needs values to push or outs to pull into"):
+        proxies.StoreCall(mx.kv.create("local"), [3], [[]], [[]])
 
 
 def test_a_missing_library_says_how_to_build_it(tmp_path: Path) -> None:
@@ -406,24 +408,34 @@ def test_local_store_with_adam_and_a_credit_below_the_partitions_does_not_deadlo
 
 
 def test_a_pushpull_is_one_request_to_the_wrapped_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pushpull of a partitioned key reaches the wrapped store as its own pushpull of every
-    partition, not as a push and then a pull: a dist_sync server answers the fused request in
-    one round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms for 24 keys of 1 MB)."""
+    """A pushpull of a partitioned key reaches the wrapped store as one pushpull of every
+    partition, made by the proxy library inside the task's chain (no call of the store's Python
+    API), not as a push and then a pull: a dist_sync server answers the fused request in one
+    round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms for 24 keys of 1 MB)."""
     monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "8")
     plain = mx.kv.create("local")
-    calls: list[str] = []
     for name in ("push", "pull", "pushpull"):
-        def recorded(*args: Any, _name: str = name, _method: Any = getattr(plain, name), **kwargs: Any) -> None:
-            calls.append(_name)
-            _method(*args, **kwargs)
-        monkeypatch.setattr(plain, name, recorded)
+        def refused(*args: Any, _name: str = name, **kwargs: Any) -> None:
+            raise AssertionError(f"the Core's path called the store's Python {_name}")
+        monkeypatch.setattr(plain, name, refused)
     kv = ScheduledKVStore(plain)
+    library = kv.library
+    calls: list[tuple[list[int], list[int]]] = []
+    post_store_chain = library.post_store_chain
+
+    def recorded(task: int, chain: proxies.Chain, call: proxies.StoreCall, *args: Any) -> None:
+        _, n_vals, vkeys, _, n_outs, okeys, _ = call.arguments
+        calls.append((list(vkeys)[:n_vals], list(okeys)[:n_outs]))
+        post_store_chain(task, chain, call, *args)
+    monkeypatch.setattr(library, "post_store_chain", recorded)
     kv.init("w", mx.nd.zeros((6,)))
     grad, out = mx.nd.arange(6), mx.nd.zeros((6,))
     kv.pushpull("w", grad, out=out)
     kv.wait_idle(timeout=15)
     assert out.asnumpy().tolist() == list(range(6))  # 3 partitions of 2 elements, summed alone
-    assert calls == ["pushpull"]  # one call, every partition's key in it
+    assert len(calls) == 1  # one call: every partition pushed and pulled, by one key each
+    (pushed, pulled), = calls
+    assert pushed == pulled and len(set(pushed)) == 3
     kv.close()
 
 

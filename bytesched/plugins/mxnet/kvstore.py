@@ -45,10 +45,13 @@ Posting cost. Gluon's Trainer calls ``pushpull`` once per parameter from the tra
 and every call into MXNet from Python lets go of the GIL and has to win it back from the Core's
 threads and MXNet's custom operators. A submission therefore checks a key's arrays only when
 they are new (an NDArray object keeps its shape, type and storage), reuses the key's avatars
-and their handle arrays, and posts the proxy chain with two calls that keep the GIL
+and their handle arrays, and posts the proxy chain with calls that keep the GIL
 (:class:`.proxies.Chain`). On the emulated Transformer's 188 keys this took the posting from
 105 ms of wall time (46 ms of CPU) per step and worker to 46-49 ms (22 ms), against 8 ms
 (5.5 ms) for the plain store, whose ``pushpull`` is one call (the emulated benchmark, docs/benchmarks.md).
+The whole chain is one such call, in which the library also makes the store's own push or
+pull (:class:`.proxies.StoreCall`, prepared once per key and arrays): no call of MXNet's Python
+API per key, which converts its arguments every time and lets go of the GIL.
 
 Re-partitioning. :meth:`ScheduledKVStore.set_params` with a new partition size takes effect at a
 step boundary: the store waits for its communication to finish, initialises fresh server keys at
@@ -102,7 +105,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import mxnet as mx
 import numpy as np
@@ -124,11 +127,13 @@ from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
 
 from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
-from .proxies import events
+from .proxies import StoreCall, events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
 from .task import Arrays, Avatars, FencedAvatars, ProxiedTask, Views, unique_arrays
 
 log = logging.getLogger("bytesched")
+
+_Prepared = TypeVar("_Prepared")
 
 # Stores created in this process, in order: with the count of optimizers a store was given, it
 # names an optimizer identically on every worker (workers create their stores alike).
@@ -137,9 +142,10 @@ _STORES = itertools.count()
 
 @dataclass(frozen=True)
 class _Operation:
-    """One call of the wrapped store on a key's server keys: a pushpull where there are values
-    and outs (one request per partition: see "Push and pull" in the module doc), else a push or
-    a pull."""
+    """One call of the wrapped store on a key's server keys, from Python, as a store passing
+    through makes it: a pushpull where there are values and outs (one request per partition: see
+    "Push and pull" in the module doc), else a push or a pull. On the Core's path the proxy
+    library makes the same call inside the task's chain (:class:`.proxies.StoreCall`)."""
 
     keys: Any
     values: Any
@@ -325,7 +331,7 @@ class ScheduledKVStore(KVStoreBase):
         # The plan stayed out, or scheduling is off: operations go to the wrapped store directly.
         self._passthrough = not self.config.scheduling
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
-        self._prepared: dict[tuple[str, UserKey], tuple[Any, _Passed]] = {}  # _prepared_operation's
+        self._prepared: dict[tuple[str, UserKey], tuple[Any, Any]] = {}  # _prepared_operation's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
         self._closed = False
         self._stop_listening = on_channel_failure(self._lost)
@@ -562,29 +568,31 @@ class ScheduledKVStore(KVStoreBase):
         if outs:
             self._last_value[user_key] = outs[0]
             self._pushed_since_pull.discard(user_key)
-        prepared = self._prepared_operation(kind, user_key, layout, views, values, outs)
         if self._passthrough:  # module doc, "Start-up plan": the wrapped store's own operation
+            passed = self._prepared_operation(kind, user_key, views, values, outs,
+                                              lambda: _Passed(views, _Operation.of(layout, views, values, outs)))
             self._passed[(kind, user_key)] = arrays
-            prepared.post(self._kv, priority)
-            return prepared
+            passed.post(self._kv, priority)
+            return passed
+        call = self._prepared_operation(kind, user_key, views, values, outs,
+                                        lambda: StoreCall(self._kv, layout.server_keys, views.of(values), views.of(outs)))
         task = KVCommTask(self, kind, layout, -priority)
         with self._lock:
             self._tasks[task.token] = task
         self._core.enqueue(task)
-        operation = prepared.operation
-        task.post(views, priority, lambda: operation.post(self._kv, priority))  # type: ignore[arg-type]
+        task.post_store_call(views, call, priority)  # type: ignore[arg-type]
         return None
 
-    def _prepared_operation(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
-                            outs: Arrays) -> _Passed:
-        """The wrapped store's operation on ``views``, its arguments worked out once per key and
-        arrays (the views are the same objects while the arrays are: :meth:`Views.matches`)."""
-        roles = (tuple(map(id, values)), tuple(map(id, outs)))
+    def _prepared_operation(self, kind: str, user_key: UserKey, views: Views, values: Arrays, outs: Arrays,
+                            make: Callable[[], _Prepared]) -> _Prepared:
+        """The wrapped store's operation on ``views`` (``make()``: passing through, the call from
+        Python; on the Core's path, the library's :class:`.proxies.StoreCall`), worked out once per
+        key and arrays (the views are the same objects while the arrays are: :meth:`Views.matches`)."""
+        roles = (self._passthrough, views, tuple(map(id, values)), tuple(map(id, outs)))
         prepared = self._prepared.get((kind, user_key))
-        if prepared is None or prepared[1].views is not views or prepared[0] != roles:
-            prepared = self._prepared[(kind, user_key)] = (
-                roles, _Passed(views, _Operation.of(layout, views, values, outs)))
-        return prepared[1]
+        if prepared is None or prepared[0] != roles:
+            prepared = self._prepared[(kind, user_key)] = (roles, make())
+        return prepared[1]  # type: ignore[return-value]
 
     def _views(self, arrays: Arrays, layout: KeyLayout) -> Views:
         """What a key's operations are posted on: avatars the Core's proxies gate; while passing

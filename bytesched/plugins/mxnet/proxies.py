@@ -25,7 +25,7 @@ from bytesched.runtime import ENGINE, track
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 6
+ABI_VERSION = 7
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -52,7 +52,10 @@ class ProxyLibrary:
     held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
     (the emulated benchmark, docs/benchmarks.md). It is safe because these calls only take the library's
     own lock and the engine's, which no thread holds while waiting for the GIL: engine threads
-    never enter Python here (see the module doc). :meth:`wake` is such a call too. The one
+    never enter Python here (see the module doc). :meth:`post_store_chain` also makes a
+    KVStore's push or pull, which only posts engine operations too, except that a store without
+    servers runs its updater inline: a Python callback, on this thread, which already holds the
+    GIL. :meth:`wake` is such a call too. The one
     blocking call, the wait for events (:meth:`event_buffer`), and the rare ones go through ``CDLL``.
     """
 
@@ -73,6 +76,8 @@ class ProxyLibrary:
         lib.bs_make_avatar.argtypes = [vp, ctypes.POINTER(vp)]
         held.bs_post_entry.argtypes = [u64, i32, vp, i32, vp, i32, i32, i32]
         held.bs_post_exit.argtypes = [u64, i32, vp, i32, vp, i32, i32]
+        held.bs_post_store_chain.argtypes = [u64, i32, vp, i32, vp, i32, vp, ctypes.c_uint32, vp, vp,
+                                             ctypes.c_uint32, vp, vp, i32, i32]
         held.bs_release.argtypes = [u64, i32]
         held.bs_wake.argtypes = []
         held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
@@ -92,6 +97,14 @@ class ProxyLibrary:
         ``released_on_ready``, only until it has run and queued the task's READY event)."""
         self._check(self._held.bs_post_entry(task, *chain.arguments, priority, int(released_on_ready)),
                     "posting the entry fence and ready proxies")
+
+    def post_store_chain(self, task: int, chain: "Chain", call: "StoreCall", priority: int,
+                         released_on_ready: bool = False) -> None:
+        """``task``'s whole chain around a KVStore's own operation on its avatars (``call``), in
+        one call: :meth:`post_entry`, the store's push, pull or pushpull, :meth:`post_exit`."""
+        self._check(self._held.bs_post_store_chain(task, *chain.arguments, *call.arguments, priority,
+                                                   int(released_on_ready)),
+                    "posting a proxy chain around the KVStore's operation")
 
     def release(self, task: int, index: int) -> None:
         """Let ready proxy ``index`` of ``task`` complete, so its push/pull may run."""
@@ -188,6 +201,31 @@ class Chain:
         # bs_post_entry's and bs_post_exit's arguments between the task token and the priority
         self.arguments = (len(parts), handle_array(tensors), len(tensors),
                           handle_array([a for part in parts for a in part]), len(parts[0]))
+
+
+class StoreCall:
+    """A KVStore's push, pull or pushpull of server keys, as :meth:`ProxyLibrary.post_store_chain`
+    takes it: ``values[i]`` are pushed to ``keys[i]`` and ``outs[i]`` pulled from it (a pushpull
+    where there are both). Built once per key and arrays, as a :class:`Chain` is.
+
+    Made by the library, the store's operation costs the training thread no call into MXNet's
+    Python API, which converts its arguments on every call and lets go of the GIL (then has to
+    win it back from the Core's thread and the engine's).
+    """
+
+    def __init__(self, store: mx.kv.KVStore, keys: Sequence[int], values: Sequence[Sequence[mx.nd.NDArray]],
+                 outs: Sequence[Sequence[mx.nd.NDArray]]) -> None:
+        if not any(values) and not any(outs):
+            raise ValueError("a KVStore call needs values to push or outs to pull into")
+        self._arrays = (store, [list(v) for v in values], [list(o) for o in outs])  # their handles stay valid
+        self.arguments = (store.handle, *self._flat(keys, values), *self._flat(keys, outs))
+
+    @staticmethod
+    def _flat(keys: Sequence[int], arrays: Sequence[Sequence[mx.nd.NDArray]]) -> tuple[int, ctypes.Array, ctypes.Array]:
+        """One key per array, as MXNet's C API takes them: count, keys, handles."""
+        flat = [(key, array) for key, per_key in zip(keys, arrays) for array in per_key]
+        return (len(flat), (ctypes.c_int * len(flat))(*[key for key, _ in flat]),
+                handle_array([array for _, array in flat]))
 
 
 class Fence:

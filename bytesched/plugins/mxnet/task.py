@@ -31,7 +31,7 @@ import mxnet as mx
 
 from bytesched.core import CommTask, SubTask
 
-from .proxies import Chain, Fence, ProxyEvents, ProxyLibrary
+from .proxies import Chain, Fence, ProxyEvents, ProxyLibrary, StoreCall
 
 Arrays = list[mx.nd.NDArray]
 Ranges = Sequence[tuple[int, int]]
@@ -159,14 +159,21 @@ class ProxiedTask(CommTask):
     def post(self, avatars: Avatars, priority: int, communicate: Callable[[], None]) -> None:
         """Post the proxy chain around ``communicate()`` (which posts the backend's operations on
         ``avatars``), with ``avatars.arrays`` as the framework's tensors. Call after the task
-        was enqueued: a READY event may come at once.
+        was enqueued: a READY event may come at once."""
+        lib = self.events.library
+        lib.post_entry(self.token, avatars.chain, priority, self._release_on_ready())
+        communicate()
+        lib.post_exit(self.token, avatars.chain, priority)
 
-        Where the Core would start every partition on readiness anyway, the ready proxies
+    def post_store_call(self, avatars: Avatars, call: StoreCall, priority: int) -> None:
+        """:meth:`post` around a KVStore's own push or pull (``call``, on ``avatars``), which the
+        library makes between the chain's head and tail: one call into it for the whole chain."""
+        self.events.library.post_store_chain(self.token, avatars.chain, call, priority, self._release_on_ready())
+
+    def _release_on_ready(self) -> bool:
+        """Where the Core would start every partition on readiness anyway, the ready proxies
         complete by themselves once they ran (:attr:`CommTask.released_on_ready`): a partition's
         push or all-reduce then follows the gradient without a wake-up of the Core thread in
         between, which on the 4-worker PS cost more than scheduling saved."""
         self.released_on_ready = self.core is not None and self.core.releases_on_ready()
-        lib = self.events.library
-        lib.post_entry(self.token, avatars.chain, priority, self.released_on_ready)
-        communicate()
-        lib.post_exit(self.token, avatars.chain, priority)
+        return self.released_on_ready
