@@ -25,8 +25,7 @@
 // engine thread.
 // Two calls, not one per operation: every call from Python pays ctypes' argument conversion,
 // and the training thread makes these calls for every key of every step. A KVStore's chain is
-// one call (bs_post_store_chain), which makes the store's own push/pull in between: MXNet's
-// Python API converts its arguments on every call and lets go of the GIL for it.
+// one call (bs_post_store_chain), which makes the store's own push/pull in between (bs_post_store).
 //
 // bs_post_fence posts one such fence alone (a store passing through, without proxies or events).
 //
@@ -248,7 +247,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 7; }
+int bs_abi_version() { return 8; }
 
 // Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
 // It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
@@ -305,28 +304,37 @@ int bs_post_exit(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
   return post_fence(avatars, n * per_part, tensors, n_tensors, priority, "bytesched_exit_fence");
 }
 
-// A task's whole chain around a KVStore's own operation on its avatars, in one call: the head
-// (bs_post_entry), the store's push of `vals` to `vkeys` and pull of `okeys` into `outs` (a
-// pushpull where it has both, MXKVStorePushPull; else MXKVStorePush or MXKVStorePull), and the
-// tail (bs_post_exit). Keys are the store's int keys, one per array (repeated for several arrays
-// of one key, as MXNet's Python API flattens them).
-int bs_post_store_chain(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
-                        NDArrayHandle* avatars, int per_part, KVStoreHandle store, uint32_t n_vals,
-                        const int* vkeys, NDArrayHandle* vals, uint32_t n_outs, const int* okeys,
-                        NDArrayHandle* outs, int priority, int released_on_ready) {
-  if (n_vals == 0 && n_outs == 0) return fail("bs_post_store_chain: nothing to push or pull");
-  if (bs_post_entry(task, n, tensors, n_tensors, avatars, per_part, priority, released_on_ready) != 0) {
-    return -1;
-  }
+// A KVStore's own operation: the push of `vals` to `vkeys` and the pull of `okeys` into `outs`,
+// a pushpull where it has both (MXKVStorePushPull), else MXKVStorePush or MXKVStorePull. Keys
+// are the store's int keys, one per array (repeated for several arrays of one key, as MXNet's
+// Python API flattens them). A store passing through posts this alone (bs_post_store): MXNet's
+// Python API converts its arguments on every call and lets go of the GIL for it.
+int bs_post_store(KVStoreHandle store, uint32_t n_vals, const int* vkeys, NDArrayHandle* vals,
+                  uint32_t n_outs, const int* okeys, NDArrayHandle* outs, int priority) {
   int status;
   if (n_vals != 0 && n_outs != 0) {
     status = MXKVStorePushPull(store, n_vals, vkeys, n_outs, okeys, vals, outs, priority);
   } else if (n_vals != 0) {
     status = MXKVStorePush(store, n_vals, vkeys, vals, priority);
-  } else {
+  } else if (n_outs != 0) {
     status = MXKVStorePull(store, n_outs, okeys, outs, priority);
+  } else {
+    return fail("bs_post_store: nothing to push or pull");
   }
-  if (status != 0) return fail_mx("the KVStore's push or pull in a bytesched proxy chain");
+  return status == 0 ? 0 : fail_mx("the KVStore's push or pull");
+}
+
+// A task's whole chain around a KVStore's own operation on its avatars, in one call: the head
+// (bs_post_entry), the store's operation (bs_post_store) and the tail (bs_post_exit).
+int bs_post_store_chain(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
+                        NDArrayHandle* avatars, int per_part, KVStoreHandle store, uint32_t n_vals,
+                        const int* vkeys, NDArrayHandle* vals, uint32_t n_outs, const int* okeys,
+                        NDArrayHandle* outs, int priority, int released_on_ready) {
+  if (n_vals == 0 && n_outs == 0) return fail("bs_post_store_chain: nothing to push or pull");
+  if (bs_post_entry(task, n, tensors, n_tensors, avatars, per_part, priority, released_on_ready) != 0 ||
+      bs_post_store(store, n_vals, vkeys, vals, n_outs, okeys, outs, priority) != 0) {
+    return -1;
+  }
   return bs_post_exit(task, n, tensors, n_tensors, avatars, per_part, priority);
 }
 

@@ -407,35 +407,41 @@ def test_local_store_with_adam_and_a_credit_below_the_partitions_does_not_deadlo
     kv.close()
 
 
-def test_a_pushpull_is_one_request_to_the_wrapped_store(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["core", "passing through"])
+def test_a_pushpull_is_one_request_to_the_wrapped_store(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pushpull of a partitioned key reaches the wrapped store as one pushpull of every
-    partition, made by the proxy library inside the task's chain (no call of the store's Python
-    API), not as a push and then a pull: a dist_sync server answers the fused request in one
-    round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms for 24 keys of 1 MB)."""
-    monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "8")
+    partition, made by the proxy library (inside the task's chain on the Core's path), with no
+    call of the store's Python API, and not as a push and then a pull: a dist_sync server answers
+    the fused request in one round trip (docs/benchmarks.md, "MXNet PS": 250 ms against 405 ms
+    for 24 keys of 1 MB)."""
+    if path == "passing through":
+        monkeypatch.setenv("BYTESCHED_POLICY", "off")
+    else:
+        monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "8")
     plain = mx.kv.create("local")
     for name in ("push", "pull", "pushpull"):
         def refused(*args: Any, _name: str = name, **kwargs: Any) -> None:
-            raise AssertionError(f"the Core's path called the store's Python {_name}")
+            raise AssertionError(f"bytesched called the store's Python {_name}")
         monkeypatch.setattr(plain, name, refused)
     kv = ScheduledKVStore(plain)
-    library = kv.library
-    calls: list[tuple[list[int], list[int]]] = []
-    post_store_chain = library.post_store_chain
-
-    def recorded(task: int, chain: proxies.Chain, call: proxies.StoreCall, *args: Any) -> None:
-        _, n_vals, vkeys, _, n_outs, okeys, _ = call.arguments
-        calls.append((list(vkeys)[:n_vals], list(okeys)[:n_outs]))
-        post_store_chain(task, chain, call, *args)
-    monkeypatch.setattr(library, "post_store_chain", recorded)
+    calls: list[tuple[str, list[int], list[int]]] = []
+    for method in ("post_store", "post_store_chain"):
+        def recorded(*args: Any, _method: str = method, _post: Any = getattr(kv.library, method)) -> None:
+            call = next(a for a in args if isinstance(a, proxies.StoreCall))
+            _, n_vals, vkeys, _, n_outs, okeys, _ = call.arguments
+            calls.append((_method, list(vkeys)[:n_vals], list(okeys)[:n_outs]))
+            _post(*args)
+        monkeypatch.setattr(kv.library, method, recorded)
     kv.init("w", mx.nd.zeros((6,)))
     grad, out = mx.nd.arange(6), mx.nd.zeros((6,))
     kv.pushpull("w", grad, out=out)
     kv.wait_idle(timeout=15)
-    assert out.asnumpy().tolist() == list(range(6))  # 3 partitions of 2 elements, summed alone
+    assert out.asnumpy().tolist() == list(range(6))  # summed alone
     assert len(calls) == 1  # one call: every partition pushed and pulled, by one key each
-    (pushed, pulled), = calls
-    assert pushed == pulled and len(set(pushed)) == 3
+    (method, pushed, pulled), = calls
+    passing = path == "passing through"  # with scheduling off the key is laid out whole
+    assert method == ("post_store" if passing else "post_store_chain")
+    assert pushed == pulled and len(set(pushed)) == (1 if passing else 3)  # else 3 partitions of 2
     kv.close()
 
 

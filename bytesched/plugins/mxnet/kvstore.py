@@ -72,8 +72,10 @@ worker applies it before anything of step 2 is posted. A sized plan re-partition
 the store passes through, and only if the sizes ran faster are they laid out again and kept
 (each step of the trial waits for the previous one's communication, as under tuning). A plan
 that stays out *passes through*: from then on each push, pull or pushpull is the wrapped
-store's own operation, posted from the caller's thread with no CommTask, proxy or Core in between; a pushpull repeating its previous call's objects (Gluon's
-Trainer, every step) reuses that call's arguments. A key on one server key goes on a plain view
+store's own operation, posted from the caller's thread with no CommTask, proxy or Core in
+between, through MXNet's C API as the Core's path posts it (:class:`.proxies.StoreCall`); a
+pushpull repeating its previous call's objects (Gluon's Trainer, every step) reuses that call's
+arguments. A key on one server key goes on a plain view
 of its arrays (:class:`.task.Views`, which shares the arrays' engine variables). A key laid out
 in several server keys (one above MXNet's big-array bound, striped over the servers) goes on
 avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
@@ -105,7 +107,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -127,13 +129,11 @@ from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
 
 from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
-from .proxies import StoreCall, events
+from .proxies import ProxyLibrary, StoreCall, events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
 from .task import Arrays, Avatars, FencedAvatars, ProxiedTask, Views, unique_arrays
 
 log = logging.getLogger("bytesched")
-
-_Prepared = TypeVar("_Prepared")
 
 # Stores created in this process, in order: with the count of optimizers a store was given, it
 # names an optimizer identically on every worker (workers create their stores alike).
@@ -141,50 +141,17 @@ _STORES = itertools.count()
 
 
 @dataclass(frozen=True)
-class _Operation:
-    """One call of the wrapped store on a key's server keys, from Python, as a store passing
-    through makes it: a pushpull where there are values and outs (one request per partition: see
-    "Push and pull" in the module doc), else a push or a pull. On the Core's path the proxy
-    library makes the same call inside the task's chain (:class:`.proxies.StoreCall`)."""
-
-    keys: Any
-    values: Any
-    outs: Any
-    pushes: bool
-    pulls: bool
-
-    @classmethod
-    def of(cls, layout: KeyLayout, views: Views, values: Arrays, outs: Arrays) -> "_Operation":
-        """On ``views`` of ``values`` and ``outs``; a key of one server key and one array per side
-        is given as the plain store's call gives it (MXNet converts lists element by element, on
-        every call: 5 us of a pushpull's 10 on the development VM)."""
-        keys: Any = list(layout.server_keys)
-        vals: Any = views.of(values)
-        outs_: Any = views.of(outs)
-        if len(keys) == 1:
-            keys, vals, outs_ = keys[0], vals[0], outs_[0]
-            vals, outs_ = (a[0] if len(a) == 1 else a for a in (vals, outs_))
-        return cls(keys, vals, outs_, bool(values), bool(outs))
-
-    def post(self, kv: mx.kv.KVStore, priority: int) -> None:
-        if self.pushes and self.pulls:
-            kv.pushpull(self.keys, self.values, out=self.outs, priority=priority)
-        elif self.pushes:
-            kv.push(self.keys, self.values, priority=priority)
-        else:
-            kv.pull(self.keys, out=self.outs, priority=priority)
-
-
-@dataclass(frozen=True)
 class _Passed:
-    """An operation passed through (module doc, "Start-up plan"): the wrapped store's call,
-    posted the way its views need (:meth:`.task.Views.pass_through`)."""
+    """An operation passed through (module doc, "Start-up plan"): the wrapped store's own push,
+    pull or pushpull (one request per partition: see "Push and pull" in the module doc), which
+    the proxy library makes, posted the way its views need (:meth:`.task.Views.pass_through`)."""
 
     views: Views
-    operation: _Operation
+    call: StoreCall
+    library: ProxyLibrary
 
-    def post(self, kv: mx.kv.KVStore, priority: int) -> None:
-        self.views.pass_through(priority, lambda: self.operation.post(kv, priority))
+    def post(self, priority: int) -> None:
+        self.views.pass_through(priority, lambda: self.library.post_store(self.call, priority))
 
 
 class KVCommTask(ProxiedTask):
@@ -331,7 +298,7 @@ class ScheduledKVStore(KVStoreBase):
         # The plan stayed out, or scheduling is off: operations go to the wrapped store directly.
         self._passthrough = not self.config.scheduling
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, each key's last arrays
-        self._prepared: dict[tuple[str, UserKey], tuple[Any, Any]] = {}  # _prepared_operation's
+        self._calls: dict[tuple[str, UserKey], tuple[Any, StoreCall]] = {}  # _store_call's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
         self._closed = False
         self._stop_listening = on_channel_failure(self._lost)
@@ -453,7 +420,7 @@ class ScheduledKVStore(KVStoreBase):
         self._check_healthy()
         self._next_step_if("pushpull", key)
         self._install_optimizer()
-        repeat[2].post(self._kv, priority)
+        repeat[2].post(priority)
         return True
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
@@ -568,14 +535,12 @@ class ScheduledKVStore(KVStoreBase):
         if outs:
             self._last_value[user_key] = outs[0]
             self._pushed_since_pull.discard(user_key)
+        call = self._store_call(kind, user_key, layout, views, values, outs)
         if self._passthrough:  # module doc, "Start-up plan": the wrapped store's own operation
-            passed = self._prepared_operation(kind, user_key, views, values, outs,
-                                              lambda: _Passed(views, _Operation.of(layout, views, values, outs)))
+            passed = _Passed(views, call, self.library)
             self._passed[(kind, user_key)] = arrays
-            passed.post(self._kv, priority)
+            passed.post(priority)
             return passed
-        call = self._prepared_operation(kind, user_key, views, values, outs,
-                                        lambda: StoreCall(self._kv, layout.server_keys, views.of(values), views.of(outs)))
         task = KVCommTask(self, kind, layout, -priority)
         with self._lock:
             self._tasks[task.token] = task
@@ -583,16 +548,16 @@ class ScheduledKVStore(KVStoreBase):
         task.post_store_call(views, call, priority)  # type: ignore[arg-type]
         return None
 
-    def _prepared_operation(self, kind: str, user_key: UserKey, views: Views, values: Arrays, outs: Arrays,
-                            make: Callable[[], _Prepared]) -> _Prepared:
-        """The wrapped store's operation on ``views`` (``make()``: passing through, the call from
-        Python; on the Core's path, the library's :class:`.proxies.StoreCall`), worked out once per
+    def _store_call(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
+                    outs: Arrays) -> StoreCall:
+        """The wrapped store's operation on ``views`` of ``values`` and ``outs``, worked out once per
         key and arrays (the views are the same objects while the arrays are: :meth:`Views.matches`)."""
-        roles = (self._passthrough, views, tuple(map(id, values)), tuple(map(id, outs)))
-        prepared = self._prepared.get((kind, user_key))
+        roles = (views, tuple(map(id, values)), tuple(map(id, outs)))
+        prepared = self._calls.get((kind, user_key))
         if prepared is None or prepared[0] != roles:
-            prepared = self._prepared[(kind, user_key)] = (roles, make())
-        return prepared[1]  # type: ignore[return-value]
+            prepared = self._calls[(kind, user_key)] = (
+                roles, StoreCall(self._kv, layout.server_keys, views.of(values), views.of(outs)))
+        return prepared[1]
 
     def _views(self, arrays: Arrays, layout: KeyLayout) -> Views:
         """What a key's operations are posted on: avatars the Core's proxies gate; while passing

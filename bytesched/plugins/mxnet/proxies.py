@@ -25,7 +25,7 @@ from bytesched.runtime import ENGINE, track
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 7
+ABI_VERSION = 8
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -52,7 +52,7 @@ class ProxyLibrary:
     held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
     (the emulated benchmark, docs/benchmarks.md). It is safe because these calls only take the library's
     own lock and the engine's, which no thread holds while waiting for the GIL: engine threads
-    never enter Python here (see the module doc). :meth:`post_store_chain` also makes a
+    never enter Python here (see the module doc). :meth:`post_store` and :meth:`post_store_chain` make a
     KVStore's push or pull, which only posts engine operations too, except that a store without
     servers runs its updater inline: a Python callback, on this thread, which already holds the
     GIL. :meth:`wake` is such a call too. The one
@@ -78,6 +78,7 @@ class ProxyLibrary:
         held.bs_post_exit.argtypes = [u64, i32, vp, i32, vp, i32, i32]
         held.bs_post_store_chain.argtypes = [u64, i32, vp, i32, vp, i32, vp, ctypes.c_uint32, vp, vp,
                                              ctypes.c_uint32, vp, vp, i32, i32]
+        held.bs_post_store.argtypes = [vp, ctypes.c_uint32, vp, vp, ctypes.c_uint32, vp, vp, i32]
         held.bs_release.argtypes = [u64, i32]
         held.bs_wake.argtypes = []
         held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
@@ -105,6 +106,10 @@ class ProxyLibrary:
         self._check(self._held.bs_post_store_chain(task, *chain.arguments, *call.arguments, priority,
                                                    int(released_on_ready)),
                     "posting a proxy chain around the KVStore's operation")
+
+    def post_store(self, call: "StoreCall", priority: int) -> None:
+        """A KVStore's own push, pull or pushpull (``call``) alone: what a store passing through posts."""
+        self._check(self._held.bs_post_store(*call.arguments, priority), "posting the KVStore's operation")
 
     def release(self, task: int, index: int) -> None:
         """Let ready proxy ``index`` of ``task`` complete, so its push/pull may run."""
@@ -204,13 +209,16 @@ class Chain:
 
 
 class StoreCall:
-    """A KVStore's push, pull or pushpull of server keys, as :meth:`ProxyLibrary.post_store_chain`
-    takes it: ``values[i]`` are pushed to ``keys[i]`` and ``outs[i]`` pulled from it (a pushpull
-    where there are both). Built once per key and arrays, as a :class:`Chain` is.
+    """A KVStore's push, pull or pushpull of server keys, as :meth:`ProxyLibrary.post_store` and
+    :meth:`ProxyLibrary.post_store_chain` take it: ``values[i]`` are pushed to ``keys[i]`` and
+    ``outs[i]`` pulled from it (a pushpull where there are both: one request per key, which a
+    ``dist_sync`` server answers in one round trip). Built once per key and arrays, as a
+    :class:`Chain` is.
 
     Made by the library, the store's operation costs the training thread no call into MXNet's
-    Python API, which converts its arguments on every call and lets go of the GIL (then has to
-    win it back from the Core's thread and the engine's).
+    Python API, which converts its arguments on every call (5 us of a 10 us pushpull on a local
+    store, for a single key) and lets go of the GIL, then has to win it back from the Core's
+    thread and the engine's.
     """
 
     def __init__(self, store: mx.kv.KVStore, keys: Sequence[int], values: Sequence[Sequence[mx.nd.NDArray]],
