@@ -75,8 +75,8 @@ that stays out *passes through*: from then on each push, pull or pushpull is the
 store's own operation, posted from the caller's thread with no CommTask, proxy or Core in
 between, through MXNet's C API as the Core's path posts it (:class:`.proxies.StoreCall`); a
 pushpull repeating its previous call's objects (Gluon's Trainer, every step) reuses that call's
-arguments. A key on one server key goes on a plain view
-of its arrays (:class:`.task.Views`, which shares the arrays' engine variables). A key laid out
+arguments. A key on one server key goes on a plain view of its arrays (:class:`.task.Views`,
+which shares the arrays' engine variables). A key laid out
 in several server keys (one above MXNet's big-array bound, striped over the servers) goes on
 avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
 Core would start them: on views they went one after another, and the emulated VGG16 on 2
