@@ -155,3 +155,35 @@ def test_with_no_sizes_set_every_rank_applies_rank0s_start_up_plan_at_step_2() -
     # rank 0 logs each run's plan (matched without the level prefix, which horovodrun's
     # interleaving of the ranks' output can separate from the message)
     assert len(re.findall(r"bytesched plan: measured \d+ gradients", result.stdout)) == 2, result.stdout[-4000:]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("trial", ["keep", "leave"])
+def test_a_sized_plans_trial_switches_every_rank_at_the_same_steps_with_plain_horovods_weights(trial: str) -> None:
+    """BYTESCHED_PLAN_TRIAL=1 (over an all-reduce it is off by default) and rank 0's plan forced
+    to 1 KB partitions under a 2 KB credit: steps 2-7 run on them, steps 8-13 pass through to
+    Horovod's own all-reduce, and rank 0's medians (replaced: the sizes twice as fast, or half)
+    decide for both ranks. Kept, the Core schedules the sizes again from step 14; left, both
+    ranks pass through to the end. Per run, the Core starts one fused task at steps 0 and 1, and
+    9 partitions of the 8,296-byte bucket at each sized step (12 kept, 6 left); the weights are
+    plain Horovod's, bit for bit, across both switches."""
+    require("horovod.mxnet", "Horovod built with MXNet")
+    env = {k: v for k, v in os.environ.items() if k not in ("BYTESCHED_PARTITION_BYTES", "BYTESCHED_CREDIT_BYTES")}
+    result = run_job([require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--steps", "20", "--plan", "forced", "--trial", trial],
+                     timeout=120, env={**env, "BYTESCHED_PLAN_TRIAL": "1", "BYTESCHED_LOG_LEVEL": "INFO"})
+    assert result.returncode == 0, result.stdout[-4000:]
+    sized_steps = 12 if trial == "keep" else 6
+    subtasks = str(2 * (2 + 9 * sized_steps))
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+)", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0", subtasks), ("EQUAL", "1", subtasks)], result.stdout[-4000:]
+    applied = re.findall(r"HVD MXNET PLAN rank=\d optimizer=\w+ (.*)", result.stdout)
+    expected = ("step=14 partition=1000 credit=2000 passes_through=False" if trial == "keep"
+                else "step=8 partition=inf credit=inf passes_through=True")
+    assert applied == [expected] * 4, result.stdout[-4000:]
+    tried = re.findall(r"HVD MXNET TRIAL rank=\d optimizer=\w+ (.*)", result.stdout)
+    assert tried == [("core_ms=10 own_ms=20 passes_through=False" if trial == "keep"
+                      else "core_ms=20 own_ms=10 passes_through=True")] * 4, result.stdout[-4000:]
+    kept = "keeping the plan's 1KB partitions, 2KB credit" if trial == "keep" else "passing through"
+    assert re.findall(r"bytesched plan trial: .*: (.*)", result.stdout) == [kept] * 2, result.stdout[-4000:]

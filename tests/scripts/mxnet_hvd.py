@@ -8,8 +8,10 @@ momentum (which MXNet updates four tensors per call) and once with Adam (one per
 also prints ``HVD MXNET KEPT rank=R optimizer=O partition=P credit=C`` (``none`` while the search
 had not ended). With no sizes set (the start-up plan), each scheduled run prints ``HVD MXNET PLAN
 rank=R optimizer=O step=S partition=P credit=C passes_through=B`` (``none`` if no plan was
-applied); ``--steps``
-sets the training steps (12).
+applied) and ``HVD MXNET TRIAL rank=R optimizer=O core_ms=C own_ms=W passes_through=B``
+(``none`` if the plan's sizes were not tried). ``--steps`` sets the training steps (12);
+``--plan forced`` and ``--trial keep|leave`` replace rank 0's plan and the medians its trial
+measures (``tests/scripts/plan_cases.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import horovod.mxnet as hvd
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
+from plan_cases import PLANS, TRIALS, replace_plan, replace_trial
 
 
 OPTIMIZERS = {"sgd": {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3},
@@ -54,6 +57,10 @@ def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
             f"step={plan.step} partition={plan.params.partition_bytes} credit={plan.params.credit_bytes} " \
             f"passes_through={opt.passes_through}"
         print(f"HVD MXNET PLAN rank={hvd.rank()} optimizer={optimizer} {applied}", flush=True)
+        trial = opt.plan_trial
+        tried = "none" if trial is None else \
+            f"core_ms={trial.core_ms:g} own_ms={trial.own_ms:g} passes_through={trial.passes_through}"
+        print(f"HVD MXNET TRIAL rank={hvd.rank()} optimizer={optimizer} {tried}", flush=True)
     if scheduled and opt._config.tuning:
         kept = opt.tuned_params
         sizes = "none" if kept is None else f"partition={kept.partition_bytes} credit={kept.credit_bytes}"
@@ -64,7 +71,12 @@ def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
-    steps = parser.parse_args().steps
+    parser.add_argument("--plan", choices=PLANS, default="measured")
+    parser.add_argument("--trial", choices=TRIALS, default="measured")
+    args = parser.parse_args()
+    steps = args.steps
+    replace_plan(args.plan, "all-reduce")
+    replace_trial(args.trial)
     hvd.init()
     pairs = [(a, b) for name in OPTIMIZERS
              for a, b in zip(train(scheduled=False, optimizer=name, steps=steps),

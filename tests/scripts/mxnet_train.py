@@ -13,8 +13,9 @@ servers really sum different gradients; at the end each worker saves its weights
     --repartition-at S --repartition-bytes B   change the partition size at step S
     --snapshot-at N     also save the weights after N steps, to OUT/worker{R}_step{N}.npz
     --crash-at N        worker 1 dies (exit code 3) at step N, mid-training
-    --plan forced       rank 0's start-up plan simulation always picks FORCED (the real one runs
-                        first); ``--plan failed``: timing the push+pull raises on every worker
+    --plan forced       rank 0's start-up plan simulation always picks 1 KB partitions under a
+                        2 KB credit (the real one runs first); ``--plan failed``: timing the
+                        push+pull raises on every worker (tests/scripts/plan_cases.py)
     --trial keep        the sized plan's trial (BYTESCHED_PLAN_TRIAL) finds the sizes twice as
                         fast as staying out and keeps them; ``--trial leave``: half as fast, it
                         stays out (what rank 0 measured is replaced; its broadcast is real)
@@ -36,37 +37,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from bytesched.core import SchedulingParams
-
-FORCED = SchedulingParams(partition_bytes=1000, credit_bytes=2000)
-
-
-def replace_plan(case: str) -> None:
-    """Make the start-up plan pick FORCED (``forced``) or fail to time the network (``failed``)."""
-    import bytesched.runtime.plan as plan_module
-    import bytesched.runtime.start_observer as observer_module
-    from bytesched.sim.plan import Plan
-
-    if case == "forced":
-        real = plan_module.make_plan
-
-        def forced(*args: object) -> Plan:
-            simulated = real(*args)  # type: ignore[arg-type]
-            return Plan("bytescheduler", FORCED, simulated.search_iteration_time, simulated.stay_out_iteration_time,
-                        simulated.search_iteration_time)
-        plan_module.make_plan = forced  # type: ignore[assignment]
-    else:
-        def failing(*args: object) -> None:
-            raise RuntimeError("the push+pull failed (injected by the test)")
-        observer_module.measure_network = failing  # type: ignore[assignment]
-
-
-def replace_trial(case: str) -> None:
-    """Make every worker's plan trial measure the sizes twice as fast (``keep``) or half as fast
-    (``leave``) as staying out; rank 0's medians are the ones broadcast and decided on."""
-    from bytesched.runtime.path_trial import PathTrial
-
-    medians = (10.0, 20.0) if case == "keep" else (20.0, 10.0)
-    PathTrial.medians_ms = lambda self: medians  # type: ignore[method-assign]
+from plan_cases import PLANS, TRIALS, replace_plan, replace_trial
 
 
 def model() -> gluon.nn.HybridSequential:
@@ -146,14 +117,12 @@ def main() -> None:
     parser.add_argument("--repartition-bytes", type=int, default=None)
     parser.add_argument("--snapshot-at", type=int, default=None)
     parser.add_argument("--crash-at", type=int, default=None)
-    parser.add_argument("--plan", choices=("measured", "forced", "failed"), default="measured")
-    parser.add_argument("--trial", choices=("measured", "keep", "leave"), default="measured")
+    parser.add_argument("--plan", choices=PLANS, default="measured")
+    parser.add_argument("--trial", choices=TRIALS, default="measured")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.plan != "measured":
-        replace_plan(args.plan)
-    if args.trial != "measured":
-        replace_trial(args.trial)
+    replace_plan(args.plan, "push+pull")
+    replace_trial(args.trial)
     rank = int(os.environ["BYTESCHED_RANK"])
 
     kv = mx.kv.create(args.kvstore)

@@ -1,0 +1,48 @@
+"""Start-up plans and plan trials replaced in a test rank, for the MXNet test scripts.
+
+The real simulation and timing still run first where they can, so that a replaced case pays what
+a real plan costs; only the decision is replaced, identically on every rank (rank 0's is the one
+broadcast and applied everywhere).
+"""
+
+from __future__ import annotations
+
+from bytesched.core import SchedulingParams
+
+FORCED = SchedulingParams(partition_bytes=1000, credit_bytes=2000)
+"""The sizes a ``forced`` plan picks: partitions that split every weight matrix of the test models."""
+
+PLANS = ("measured", "forced", "failed")
+TRIALS = ("measured", "keep", "leave")
+
+
+def replace_plan(case: str, operation: str) -> None:
+    """Make the start-up plan pick :data:`FORCED` (``forced``) or fail to time the network's
+    ``operation`` (``failed``, e.g. "push+pull"); ``measured`` leaves it alone."""
+    import bytesched.runtime.plan as plan_module
+    import bytesched.runtime.start_observer as observer_module
+    from bytesched.sim.plan import Plan
+
+    if case == "forced":
+        real = plan_module.make_plan
+
+        def forced(*args: object) -> Plan:
+            simulated = real(*args)  # type: ignore[arg-type]
+            return Plan("bytescheduler", FORCED, simulated.search_iteration_time, simulated.stay_out_iteration_time,
+                        simulated.search_iteration_time)
+        plan_module.make_plan = forced  # type: ignore[assignment]
+    elif case == "failed":
+        def failing(*args: object) -> None:
+            raise RuntimeError(f"the {operation} failed (injected by the test)")
+        observer_module.measure_network = failing  # type: ignore[assignment]
+
+
+def replace_trial(case: str) -> None:
+    """Make every rank's plan trial measure the sizes twice as fast (``keep``) or half as fast
+    (``leave``) as staying out; rank 0's medians are the ones broadcast and decided on;
+    ``measured`` leaves the trial alone."""
+    from bytesched.runtime.path_trial import PathTrial
+
+    if case in ("keep", "leave"):
+        medians = (10.0, 20.0) if case == "keep" else (20.0, 10.0)
+        PathTrial.medians_ms = lambda self: medians  # type: ignore[method-assign]
