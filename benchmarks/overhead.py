@@ -33,7 +33,6 @@ import json
 import os
 import re
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from typing import Any, NamedTuple
 from bytesched.launch.ports import free_port
 
 from .horovod_jobs import end_job, horovodrun_argv
-from .provenance import revision
+from .provenance import command_line, revision
 
 FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
 MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_BYTES": "1"}, "fused": {},
@@ -385,10 +384,8 @@ def main(args: argparse.Namespace) -> int:
                      f"{job.switches_per_step:7.1f} context switches/step, {job.threads} threads"
                      + (", passing through" if job.passes_through else ""))
     tensors = 2 * args.layers
-    command = ["python", "-m", "benchmarks", "overhead", *sys.argv[sys.argv.index("overhead") + 1:]] \
-        if "overhead" in sys.argv else sys.argv
     settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds", "modes")}
-    result = {"command": shlex.join(command), "revision": revision(), "tensors": tensors, "settings": settings,
+    result = {"command": command_line("overhead"), "revision": revision(), "tensors": tensors, "settings": settings,
               "results": summarize(runs, tensors),
               "runs": {f: {mode: [job._asdict() for job in jobs] for mode, jobs in modes.items()}
                        for f, modes in runs.items()}}

@@ -4,11 +4,13 @@ belong in docs/benchmarks.md, measured on a quiet machine)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
 from benchmarks.overhead import JobResult, summarize
+from benchmarks.provenance import command_line
 from conftest import require, run_job
 
 
@@ -30,6 +32,19 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
                                                                          "bytesched-core-0": 250.0}
 
 
+def test_the_command_names_the_settings_every_job_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BYTESCHED_*, HOROVOD_* or MXNET_* variable set for the whole run changes what every job
+    measures, so the recorded command starts with it; other variables are left out."""
+    for name in [n for n in os.environ if n.startswith(("BYTESCHED_", "HOROVOD_", "MXNET_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("BYTESCHED_FUSION_BYTES", "6MB")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2")
+    monkeypatch.setenv("LANG", "C")
+    monkeypatch.setattr(sys, "argv", ["/x/benchmarks/__main__.py", "emulated", "--models", "vgg16 resnet50"])
+    assert command_line("emulated") == ("BYTESCHED_FUSION_BYTES=6MB HOROVOD_CYCLE_TIME=2 python -m benchmarks "
+                                        "emulated --models 'vgg16 resnet50'")
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("framework, modes", [
@@ -45,10 +60,11 @@ def test_every_mode_runs_on_two_ranks(framework: str, modes: str) -> None:
         require("mxnet")
     result = run_job([sys.executable, "-m", "benchmarks", "overhead", "--frameworks", framework,
                       "--modes", modes, "--layers", "3", "--steps", "2", "--warmup", "1", "--rounds", "1", "--json"],
-                     timeout=120)
+                     timeout=120, env={**os.environ, "BYTESCHED_STALL_WARNING_S": "600"})
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(result.stdout[result.stdout.index("{"):])
-    assert report["tensors"] == 6 and report["command"].startswith("python -m benchmarks overhead")
+    assert report["tensors"] == 6 and report["command"].startswith("BYTESCHED_STALL_WARNING_S=600 ") \
+        and " python -m benchmarks overhead --frameworks " in report["command"], report["command"]
     assert set(report["runs"][framework]) == {"plain", *modes.split(",")}
     for jobs in report["runs"][framework].values():
         [job] = jobs

@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import datetime
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,7 +22,7 @@ from bytesched.core.config import ConfigError, parse_size
 from ..emulation import parse_rate, unavailable_reason
 from bytesched.sim.predict import simulate
 from .. import REPO
-from ..provenance import revision
+from ..provenance import command_line, revision
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
@@ -119,8 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         matrix = [quick(group) for group in matrix]
     described = {m: workload(m, args, min(ranks)) for m in _names(args.models)}
     workloads = {m: w for m, (w, _) in described.items()}
-    command = shlex.join(["python", "-m", "benchmarks", "emulated", *sys.argv[sys.argv.index("emulated") + 1:]]
-                         if "emulated" in sys.argv else sys.argv)
+    command = command_line("emulated")
     results: dict[str, Any] = {
         "format": FORMAT,
         "meta": {"command": command, "started": datetime.datetime.now().isoformat(timespec="seconds"),
