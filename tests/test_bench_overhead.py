@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks.overhead import JobResult, summarize
-from benchmarks.provenance import command_line
+from benchmarks.provenance import INHERITED_PREFIXES, command_line
 from conftest import require, run_job
 
 
@@ -35,7 +35,7 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
 def test_the_command_names_the_settings_every_job_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
     """A BYTESCHED_*, HOROVOD_* or MXNET_* variable set for the whole run changes what every job
     measures, so the recorded command starts with it; other variables are left out."""
-    for name in [n for n in os.environ if n.startswith(("BYTESCHED_", "HOROVOD_", "MXNET_"))]:
+    for name in [n for n in os.environ if n.startswith(INHERITED_PREFIXES)]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("BYTESCHED_FUSION_BYTES", "6MB")
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2")
