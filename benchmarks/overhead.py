@@ -11,8 +11,9 @@ alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet
 ``fused`` (bytesched with the environment's ``BYTESCHED_FUSION_BYTES``, by default 1 MB, which the
 plan keeps on the CPU; not for mxnet-ps). bytesched runs
 with no other settings, so the start-up plan picks its sizes, as for a user who sets none. A plan
-that stays out passes every gradient to the framework's own path, so those modes measure that
-path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through the Core that
+that stays out passes every gradient to the framework's own path (PyTorch's once its path trial
+found that path the faster; the timed steps begin once the trial decided), so those modes
+measure that path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through the Core that
 a plan with sizes, or tuning, takes; ``off`` (``BYTESCHED_POLICY=off``, default fusion) the
 framework's own path from the first step. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bytesched.launch.ports import free_port
+from bytesched.runtime.sizes import step_until_settled
 
 from .horovod_jobs import end_job, horovodrun_argv
 from .provenance import command_line, revision
@@ -221,19 +223,24 @@ def _torch_steps(scheduled: bool, layers: int, width: int, steps: int, warmup: i
 def _timed_steps(net: Any, optimizer: Any, x: Any, steps: int, warmup: int, scheduled: bool,
                  before_timing: Any = None) -> Window:
     """The window of ``steps`` PyTorch training steps after ``warmup`` more (a scheduled
-    optimizer's updates of the warm-up landed before the clock starts, and the timed ones before
-    it stops); ``before_timing()`` runs right before the clock starts."""
+    optimizer's warm-up lasts until its plan and path trial settled, and its updates landed
+    before the clock starts, the timed ones before it stops); ``before_timing()`` runs right
+    before the clock starts."""
+    def train_step() -> None:
+        optimizer.zero_grad()
+        net(x).sum().backward()
+        optimizer.step()
+
     window = Window()
     for step in range(warmup + steps):
         if step == warmup:
             if scheduled:
+                step_until_settled(optimizer, train_step)  # time the path the job keeps
                 optimizer.synchronize()
             if before_timing is not None:
                 before_timing()
             window.start()
-        optimizer.zero_grad()
-        net(x).sum().backward()
-        optimizer.step()
+        train_step()
     if scheduled:
         optimizer.synchronize()
     return window.stop()

@@ -2,8 +2,8 @@
 
 Two real ranks over Gloo train the check's CNN with an all-reduce after backward and under
 ScheduledOptimizer (SGD and Adam, barrier mode and crossing the barrier, through the Core and with
-the start-up plan, here with ``BYTESCHED_STAY_OUT_PATH=measure`` as on a GPU: where the plan stays
-out it times the Core's path against the framework's and keeps one) and must end with the
+the start-up plan: where it stays out it times the Core's path against the framework's and keeps
+one) and must end with the
 same bits; then DDP and bytesched are timed, each bytesched round with the plan it made (the figures are
 not judged here: a benchmark's business). Bad options and a check that runs out of time end with an error that names them.
 """
@@ -11,7 +11,6 @@ not judged here: a benchmark's business). Bad options and a check that runs out 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 
@@ -28,7 +27,7 @@ PLAN = r"(no partitioning, no credit limit|\S+ partitions, \S+ credit)(, .*)?"
 @pytest.mark.timeout(300)
 def test_the_cpu_half_is_bit_identical_and_reports_every_configuration() -> None:
     result = run_job([*CHECK, "--device", "cpu", "--json", "--steps", "2", "--rounds", "2", "--warmup", "3",
-                      "--equivalence-steps", "6"], timeout=240, env={**os.environ, "BYTESCHED_STAY_OUT_PATH": "measure"})
+                      "--equivalence-steps", "6"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:]
     report = json.loads(result.stdout[re.search(r"^\{", result.stdout, re.MULTILINE).start():])
     assert report["backend"] == "gloo" and report["world_size"] == 2

@@ -18,7 +18,8 @@ from bytesched.core.config import UNLIMITED
 import bytesched.runtime.plan as plan_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
-from bytesched.runtime.plan import STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS, StartupPlan, wants_plan
+from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS,
+                                    StartupPlan, wants_plan)
 from bytesched.sim import make_cluster, run
 from bytesched.sim.plan import PASS_THROUGH_MARGIN, Plan, make_plan
 
@@ -233,9 +234,14 @@ def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -
 
 def test_a_follower_fuses_as_rank0_said() -> None:
     outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
-    assert outcome is not None and outcome.fusion_bytes == 25_000_000 and outcome.passes_through
+    assert outcome is not None and outcome.fusion_bytes == 25_000_000 and outcome.passes_through and outcome.measured
     assert outcome.summary == ("rank 0's plan: no partitioning, no credit limit, gradients fused up to 25MB per "
                                "task, passing through")
+
+
+def test_a_follower_hears_that_rank0_measured_nothing() -> None:
+    outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 0, PASSES_THROUGH_UNMEASURED]), fusion_bytes=None).outcome
+    assert outcome is not None and outcome.passes_through and not outcome.measured
 
 
 def test_a_follower_applies_what_rank0_broadcast() -> None:
@@ -304,13 +310,15 @@ def test_staying_out_passes_through_only_where_no_size_is_predicted_to_pay() -> 
 
 
 def test_a_rank0_that_cannot_plan_passes_through(caplog: pytest.LogCaptureFixture) -> None:
-    """Nothing measured, nothing predicted: the job runs as it would without bytesched."""
+    """Nothing measured, nothing predicted: the job runs as it would without bytesched, and says
+    so to every rank (the last value sent), so that no plugin times its paths on nothing."""
     ranks = BroadcastingRanks(0)
     plan = StartupPlan(RecordingCore(), ranks, _timed(0.0001, 0.001), arch="allreduce", model_bytes=1_000_000,
                        drain=lambda: None)
     for step in range(3):
         plan.on_step(step)
-    assert plan.outcome is not None and plan.outcome.passes_through and ranks.sent == [0, 0, 0, 1]
+    assert ranks.sent == [0, 0, 0, PASSES_THROUGH_UNMEASURED]
+    assert plan.outcome is not None and plan.outcome.passes_through and not plan.outcome.measured
     assert plan.outcome.summary.endswith("; passing through")
 
 

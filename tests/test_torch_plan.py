@@ -95,10 +95,9 @@ def test_plan_runs_by_default_and_every_rank_applies_rank0s_choice_at_step_2(job
     assert agreed["set_params"] == [STAY_OUT, agreed["params"]]
     stays_out = agreed["params"] == STAY_OUT
     assert stays_out or not agreed["passes_through"]
-    # Staying out on bytesched's path over torch.distributed: every rank follows the buckets'
-    # backward order, as DDP does, instead of rank 0's announcements.
-    in_sequence = stays_out and not agreed["passes_through"] and job.backend == "dist"
-    assert agreed["order"] == ("sequence" if in_sequence else job.backend_order)
+    # Staying out over torch.distributed: from step 2 the path trial runs the Core's path in the
+    # buckets' backward order on every rank, as DDP does, instead of rank 0's announcements.
+    assert agreed["order"] == ("sequence" if stays_out and job.backend == "dist" else job.backend_order)
     assert (agreed["fusion"], agreed["buckets"]) == (None, BUCKETS)  # on the CPU the plan never fuses
     rank0 = job.reports("plan")[0]["summary"]
     assert re.search(r"measured 3 gradients \(8\.\d MB, compute \d+ ms\) and the all-reduce .*; chose .*, "
@@ -135,11 +134,12 @@ def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job:
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_a_plan_that_stays_out_on_a_gpu_fuses_every_ranks_buckets_alike(job: PlanLaunch) -> None:
-    """The optimizer offers its fusion bound and its pass-through margin as on a GPU, and the
-    plan stays out: from step 2 every rank merges DeepMLP's 16 buckets into 4 of up to a quarter of
-    the model, with the baseline's bits, and passes through although sizes were predicted to gain
-    10 % (on the CPU that keeps bytesched's path; the 4 buckets are what passing through
-    all-reduces over torch.distributed)."""
+    """The optimizer offers its fusion bound and its pass-through margin as on a GPU, the job
+    predicts its path (BYTESCHED_STAY_OUT_PATH=predict), and the plan stays out: from step 2 every
+    rank merges DeepMLP's 16 buckets into 4 of up to a quarter of the model, with the baseline's
+    bits, and passes through although sizes were predicted to gain 10 % (predicting on the CPU
+    keeps bytesched's path; the 4 buckets are what passing through all-reduces over
+    torch.distributed)."""
     agreed = job.agreed("fused")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
     assert (agreed["fusion"], agreed["buckets"]) == (DEEP_FUSION, 4) and agreed["passes_through"]
@@ -186,9 +186,10 @@ def test_no_optimizer_joins_a_core_whose_optimizer_passes_through_on_torch_distr
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_a_path_trial_keeps_the_faster_path_on_every_rank_at_the_same_step(dist_job: PlanLaunch) -> None:
-    """BYTESCHED_STAY_OUT_PATH=measure and a plan that stays out: six steps through the Core, six
-    passing through, then every rank keeps the same path, chosen from the slowest rank's medians,
-    with the baseline's bits (over Horovod, the next test's trial runs the same code)."""
+    """No BYTESCHED_STAY_OUT_PATH (auto, which measures) and a plan that stays out: six steps
+    through the Core, six passing through, then every rank keeps the same path, chosen from the
+    slowest rank's medians, with the baseline's bits (over Horovod, the next test's trial runs the
+    same code)."""
     agreed = dist_job.agreed("measured")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
     core_ms, own_ms, passes = agreed["trial"]

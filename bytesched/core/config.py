@@ -141,8 +141,8 @@ class Config:
     stay_out_path: str = "auto"
     """Where the start-up plan stays out of the way, how the PyTorch plugin picks between the Core's
     path and the framework's own (:mod:`bytesched.runtime.path_trial`): ``measure`` times both,
-    ``predict`` follows the plan's prediction (on a GPU: always the framework's), ``auto``
-    measures on a GPU and predicts elsewhere."""
+    ``predict`` follows the plan's prediction (on a GPU: always the framework's), ``auto`` (the
+    default) measures."""
     scheduling: bool = True
     """False (``BYTESCHED_POLICY=off``): every plugin hands its gradients to the framework's own
     path from the first step, as after a start-up plan that stays out and passes through, so a job
@@ -347,7 +347,7 @@ VARIABLES: tuple[Variable, ...] = (
              "measure: six steps through the Core (which crosses the barrier), six on the framework's own "
              "all-reduce, and the faster is kept on every rank (the Core only when faster by 2 %); predict: "
              "the framework's own unless sizes were predicted to gain 2 % (on a GPU, always the framework's); "
-             "auto: measure on a GPU, predict elsewhere."),
+             "auto: measure."),
     Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
              "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
              "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),

@@ -72,6 +72,9 @@ UNLIMITED_CODE = 0
 """How an unlimited size travels in the integer broadcast."""
 KEEP_FUSION_CODE = 0
 """How "keep the plugin's fusion bound" travels in the integer broadcast."""
+STAYS_ON_PATH, PASSES_THROUGH, PASSES_THROUGH_UNMEASURED = range(3)
+"""How "stay on bytesched's path", "pass through" and "pass through, nothing was measured" travel
+in the integer broadcast (:attr:`PlanOutcome.passes_through`, :attr:`PlanOutcome.measured`)."""
 STAY_OUT_FUSION_BYTES = 25_000_000
 """Where the plan stays out of the way, a plugin that offers its fusion bound gets this one
 (DistributedDataParallel's bucket size), or :data:`STAY_OUT_MIN_TASKS`' share of the model if that
@@ -104,6 +107,10 @@ class PlanOutcome:
     framework's own path (:attr:`bytesched.sim.plan.Plan.passes_through`); elsewhere it stays on
     bytesched's path, which crosses the barrier. MXNet's engine lets each layer go on once its own
     parameters are written, so its plugins pass through wherever the plan stays out."""
+    measured: bool = True
+    """False: nothing could be measured or simulated (the plan stayed out with a warning naming
+    why), so there is nothing to weigh a path trial against either: a plugin that would time its
+    paths (:mod:`.path_trial`) passes through at once, as the job would run without bytesched."""
 
     def describe(self) -> str:
         """What was applied, in a few words ("1MB partitions, 2MB credit")."""
@@ -169,7 +176,7 @@ class StartupPlan(StartObserver):
     def _decide(self, step: int, start: float, end: float) -> PlanOutcome:
         network, failure = self._time_backend()
         summary = ""
-        chosen, through = STAY_OUT, False
+        chosen, through = STAY_OUT, STAYS_ON_PATH
         fusion = None
         if self._ranks.rank == 0:
             chosen, through, summary, level = self._plan(network, failure, start, end)
@@ -181,7 +188,7 @@ class StartupPlan(StartObserver):
             partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
             credit = self._ranks.broadcast_int(_encode(chosen.credit_bytes))
             fused = self._ranks.broadcast_int(KEEP_FUSION_CODE if fusion is None else int(fusion))
-            through = bool(self._ranks.broadcast_int(int(through)))
+            through = self._ranks.broadcast_int(through)
         except ChannelError:
             raise  # ranks that cannot hear each other cannot agree to stay out either: the job stops
         except Exception as exc:
@@ -189,7 +196,8 @@ class StartupPlan(StartObserver):
                         self._ranks.rank, exc)
             return PlanOutcome(STAY_OUT, step, "staying out of the way: the plan's broadcast failed")
         params = SchedulingParams(partition_bytes=_decode(partition), credit_bytes=_decode(credit))
-        outcome = PlanOutcome(params, step, summary, None if fused == KEEP_FUSION_CODE else float(fused), through)
+        outcome = PlanOutcome(params, step, summary, None if fused == KEEP_FUSION_CODE else float(fused),
+                              through != STAYS_ON_PATH, through != PASSES_THROUGH_UNMEASURED)
         if self._ranks.rank != 0:
             outcome = dataclasses.replace(outcome, summary=f"rank 0's plan: {outcome.describe()}")
         log.debug("bytesched plan (rank %d) from step %d: %s", self._ranks.rank, step, outcome.summary)
@@ -203,9 +211,10 @@ class StartupPlan(StartObserver):
         return bound if bound > self._fusion_bytes else None
 
     def _plan(self, network: NetworkCost | None, failure: str, start: float,
-              end: float) -> tuple[SchedulingParams, bool, str, int]:
-        """Rank 0: the sizes to broadcast, whether to pass through, the line that says why and the
-        level to log it at."""
+              end: float) -> tuple[SchedulingParams, int, str, int]:
+        """Rank 0: the sizes to broadcast, whether to pass through (one of :data:`STAYS_ON_PATH`,
+        :data:`PASSES_THROUGH`, :data:`PASSES_THROUGH_UNMEASURED`), the line that says why and
+        the level to log it at."""
         if network is None:
             return self._stay_out(failure)
         try:
@@ -220,7 +229,7 @@ class StartupPlan(StartObserver):
         if plan.policy == "fifo":
             summary += (f"; the best sizes predicted {plan.sized_gain:.2f}x"
                         + ("; passing through" if plan.passes_through else ""))
-        return _params_of(plan), plan.passes_through, summary, logging.INFO
+        return _params_of(plan), PASSES_THROUGH if plan.passes_through else STAYS_ON_PATH, summary, logging.INFO
 
     def _sized_margin(self) -> float:
         """The predicted gain a sized plan needs over staying out of the way on this backend."""
@@ -229,9 +238,9 @@ class StartupPlan(StartObserver):
         return RANK0_ORDER_MARGIN if self._core.order == "rank0" else STAY_OUT_MARGIN
 
     @staticmethod
-    def _stay_out(reason: str) -> tuple[SchedulingParams, bool, str, int]:
+    def _stay_out(reason: str) -> tuple[SchedulingParams, int, str, int]:
         """Nothing to plan from: as the job would run without bytesched."""
-        return (STAY_OUT, True, f"staying out of the way (no partitioning, no credit limit): {reason}; passing through",
+        return (STAY_OUT, PASSES_THROUGH_UNMEASURED, f"staying out of the way (no partitioning, no credit limit): {reason}; passing through",
                 logging.WARNING)
 
 

@@ -18,15 +18,15 @@ same weights on the same data as the unscheduled baseline, which it must match b
   stays out of the way with a warning naming the reason;
 - ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all;
 - ``fused``: the 16-layer "deep" MLP (9.5 MB, 16 buckets), its optimizer offering its fusion bound
-  to the plan as on a GPU, and rank 0's simulation replaced by one that stays out: every rank
-  merges its buckets into 4 tasks at step 2;
+  to the plan as on a GPU, ``BYTESCHED_STAY_OUT_PATH=predict``, and rank 0's simulation replaced
+  by one that stays out: every rank merges its buckets into 4 tasks at step 2 and passes through;
 - ``reuse``: as ``failed``, then that optimizer is closed and a second one trains a fresh model
   on the same Core (through the Core: the first one passed its gradients to the library);
 - ``late`` (torch.distributed): as ``failed``, and while that optimizer passes through, a second
   one is created on the same Core: refused on every rank, naming the way out.
-- ``measured``: ``BYTESCHED_STAY_OUT_PATH=measure`` and rank 0's simulation replaced by one that
-  stays out: six steps through the Core, six passing through, and every rank keeps the faster
-  path (whichever it is here) at the same step; 18 steps;
+- ``measured``: the default ``BYTESCHED_STAY_OUT_PATH`` (``auto``, which measures) and rank 0's
+  simulation replaced by one that stays out: six steps through the Core, six passing through, and
+  every rank keeps the faster path (whichever it is here) at the same step; 18 steps;
 - ``kept-core`` and ``kept-core-barrier``: the same, with the trial's margin set so that the Core
   always wins, so the optimizer passes through for six steps and then comes back to the Core
   (crossing the barrier, and in barrier mode).
@@ -125,8 +125,8 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     if case == "late":
         train_once(flavor, backend, report, case, expected, then=create_another)
         return
-    if case in TRIAL_MARGINS:
-        os.environ["BYTESCHED_STAY_OUT_PATH"] = "measure"
+    if case == "fused":  # on a GPU, predicting
+        os.environ["BYTESCHED_STAY_OUT_PATH"] = "predict"
     if case in TRIAL_MARGINS or case in SIZED_TRIAL_MARGINS:
         train_once(flavor, backend, report, case, run_baseline(flavor, "wide", "sgd", steps=TRIAL_STEPS),
                    steps=TRIAL_STEPS)
