@@ -65,12 +65,14 @@ def test_each_configuration_gives_its_workers_the_bytesched_settings_it_names() 
     assert (planned.scheduling, planned.plan, planned.policy) == (True, True, "bytescheduler")
     fixed = configuration("off").settings(base)  # the Core with unlimited sizes
     assert fixed.scheduling and not fixed.plan and fixed.params.partition_bytes == float("inf")
-    # The path trial's column: the plan, in jobs of its own whose environment asks to measure.
-    measured = configuration("plan-measured")
-    assert dict(measured.env) == {"BYTESCHED_STAY_OUT_PATH": "measure"}
-    assert measured.settings(from_env(dict(measured.env))).stay_out_path == "measure"
-    assert [name for name, framework in FRAMEWORKS.items() if "plan-measured" in framework.configurations] == \
-        ["torch-horovod", "torch-distributed"]
+    # The path trial's columns: the plan, in jobs of their own whose environment asks to measure,
+    # or to predict.
+    for name, path in (("plan-measured", "measure"), ("plan-predicted", "predict")):
+        chosen = configuration(name)
+        assert dict(chosen.env) == {"BYTESCHED_STAY_OUT_PATH": path}
+        assert chosen.settings(from_env(dict(chosen.env))).stay_out_path == path
+        assert [f for f, framework in FRAMEWORKS.items() if name in framework.configurations] == \
+            ["torch-horovod", "torch-distributed"]
 
 
 def test_rounds_rotate_and_batch_configurations_into_jobs() -> None:

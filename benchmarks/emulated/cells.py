@@ -41,7 +41,7 @@ class Framework:
 
 _ALLREDUCE = ("vanilla", "bytescheduler", "plan", "plan-untried", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
               "off", "policy-off", "fifo", "p3", "prophet")
-_TORCH = (*_ALLREDUCE, "plan-measured")  # the path trial is the PyTorch plugin's
+_TORCH = (*_ALLREDUCE, "plan-measured", "plan-predicted")  # the path trial is the PyTorch plugin's
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_TORCH[1:]), fuses=True),

@@ -65,15 +65,24 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "backend's all-reduce, and rank 0 picks partition and credit by simulating the second step "
                   "(the start-up plan); on a parameter server, sizes it chose are then tried, six steps on them "
                   "and six passing through, and kept only if faster (over an all-reduce too in result files of "
-                  "revisions 3e837b0 to caf6531; untried in files before them); the timed steps come after it", policy="bytescheduler", simulated_as="bytescheduler", plan=True),
+                  "revisions 3e837b0 to caf6531; untried in files before them); on the PyTorch stacks, where the plan "
+                  "stays out, six steps through the Core and six passing through, and the faster path is kept "
+                  "(from revision 0f4ca93 on; before it only on a GPU); the timed steps come after it",
+                  policy="bytescheduler", simulated_as="bytescheduler", plan=True),
     Configuration("plan-untried", "bytesched with no settings but BYTESCHED_PLAN_TRIAL=0: the start-up plan's "
                   "sizes are kept as predicted, untried", policy="bytescheduler", simulated_as="bytescheduler",
                   plan=True, env=(("BYTESCHED_PLAN_TRIAL", "0"),)),
     Configuration("plan-measured", "bytesched with no settings but BYTESCHED_STAY_OUT_PATH=measure (PyTorch "
-                  "only; the default on a GPU): where the start-up plan stays out, six steps through the Core "
-                  "and six passing through, and the faster path is kept; the warm-up lasts until then",
+                  "only; the default from revision 0f4ca93 on, where it runs as `plan` does): where the start-up "
+                  "plan stays out, six steps through the Core and six passing through, and the faster path is "
+                  "kept; the warm-up lasts until then",
                   policy="bytescheduler", simulated_as="bytescheduler", plan=True,
                   env=(("BYTESCHED_STAY_OUT_PATH", "measure"),)),
+    Configuration("plan-predicted", "bytesched with no settings but BYTESCHED_STAY_OUT_PATH=predict (PyTorch "
+                  "only; the default on the CPU before revision 0f4ca93): where the start-up plan stays out, it "
+                  "passes through at once unless sizes were predicted to gain 2 %",
+                  policy="bytescheduler", simulated_as="bytescheduler", plan=True,
+                  env=(("BYTESCHED_STAY_OUT_PATH", "predict"),)),
     Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 4 MB credit: the "
                   "best of eight sizes in a sweep of the MXNet PS VGG16 cell at 1 Gbit/s, one run each "
                   "(docs/benchmarks.md); the defaults suit 10-100 Gbit/s, and at 1 Gbit/s a 16 MB credit "

@@ -240,8 +240,8 @@ class StartupPlan(StartObserver):
     @staticmethod
     def _stay_out(reason: str) -> tuple[SchedulingParams, int, str, int]:
         """Nothing to plan from: as the job would run without bytesched."""
-        return (STAY_OUT, PASSES_THROUGH_UNMEASURED, f"staying out of the way (no partitioning, no credit limit): {reason}; passing through",
-                logging.WARNING)
+        return (STAY_OUT, PASSES_THROUGH_UNMEASURED,
+                f"staying out of the way (no partitioning, no credit limit): {reason}; passing through", logging.WARNING)
 
 
 def _params_of(plan: Plan) -> SchedulingParams:
