@@ -359,6 +359,45 @@ def test_fused_gradients_cost_one_collective_per_bucket_and_train_bit_for_bit(on
     assert sorted(reduced) == sorted([60, 30, 60, 30] * 3)
 
 
+@pytest.mark.parametrize("fixed, collectives", [(False, 4), (True, 8)])
+def test_scheduling_off_over_torch_distributed_fuses_as_a_plan_that_stays_out(
+        one_rank_group: object, monkeypatch: pytest.MonkeyPatch, fixed: bool, collectives: int) -> None:
+    """BYTESCHED_POLICY=off passes through from construction in the buckets a plan that stays out
+    would fuse (a quarter of the model: four layers of 120 bytes, four collectives per step instead
+    of eight), unless the job fixed its fusion bound; either way the bits of plain training."""
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    layers = [nn.Linear(5, 5) for _ in range(4)]
+    reference, model = nn.Sequential(*layers), copy.deepcopy(nn.Sequential(*layers))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    shutdown()
+    off = dataclasses.replace(from_env(), policy="fifo", scheduling=False, plan=False, fusion_bytes=1,
+                              fusion_fixed=fixed)
+    opt = ScheduledOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), config=off)
+    assert opt.passes_through and len(opt._pipeline.buckets) == collectives
+    reduced: list[int] = []
+    all_reduce = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, **kw: (reduced.append(tensor.numel()),
+                                                                  all_reduce(tensor, **kw))[1])
+    train_side_by_side(reference, ref_opt, model, opt)
+    assert len(reduced) == collectives * 3  # train_side_by_side's three steps
+
+
+def test_a_plan_that_stays_out_fuses_on_a_gpu_and_where_the_buckets_pass_through() -> None:
+    """The fusion bound an optimizer offers its plan: not over Horovod on the CPU (Horovod fuses by
+    itself; the bound would shape only the Core's path), and never once the job fixed it."""
+    from types import SimpleNamespace
+
+    from bytesched.plugins.torch.optimizer import _plan_fusion
+    horovod, distributed = SimpleNamespace(fuses_by_itself=True), SimpleNamespace(fuses_by_itself=False)
+    config = dataclasses.replace(from_env(), fusion_bytes=1_000_000)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert [_plan_fusion(config, cpu, horovod), _plan_fusion(config, gpu, horovod),  # type: ignore[arg-type]
+            _plan_fusion(config, cpu, distributed)] == [None, 1_000_000, 1_000_000]  # type: ignore[arg-type]
+    fixed = dataclasses.replace(config, fusion_fixed=True)
+    assert _plan_fusion(fixed, gpu, distributed) is None  # type: ignore[arg-type]
+
+
 def test_fusing_again_between_steps_keeps_training_bit_for_bit(one_rank_group: object) -> None:
     """Buckets fused again after a step (as a plan that stays out does) train on unchanged."""
     torch.manual_seed(0)

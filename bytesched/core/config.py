@@ -290,8 +290,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "
-             "Unset, a start-up plan that stays out of the way fuses the PyTorch plugin's tasks on a GPU up "
-             "to 25MB."),
+             "Unset, where the PyTorch plugin stays out of the way (a start-up plan, or BYTESCHED_POLICY=off) "
+             "on a GPU or over torch.distributed, it fuses them up to 25MB (at most a quarter of the model)."),
     Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + f"; or {OFF}: no scheduling, every plugin hands its "
              "gradients to the framework's own path from the first step (no start-up plan, sizes or tuning)."),

@@ -78,12 +78,14 @@ in the integer broadcast (:attr:`PlanOutcome.passes_through`, :attr:`PlanOutcome
 STAY_OUT_FUSION_BYTES = 25_000_000
 """Where the plan stays out of the way, a plugin that offers its fusion bound gets this one
 (DistributedDataParallel's bucket size), or :data:`STAY_OUT_MIN_TASKS`' share of the model if that
-is smaller. With nothing to schedule, small tasks buy a little earlier communication, which the
-simulator credits, and cost bytesched's own work per task, which it does not model. On one H200
-shared by two ranks over Gloo, crossing the barrier ran at 0.76x DDP's speed on ResNet50 (66
-tasks of up to 1 MB) and 0.95x with tasks of up to 25 MB (5 tasks). Where the CPU computes and
-communicates (the emulated benchmark, ResNet50 scaled to 24 MB: one task) it ran at 0.65x-0.84x of
-DDP against 0.98x-1.04x with 1 MB tasks: the PyTorch plugin offers its bound on a GPU only."""
+is smaller (:func:`stay_out_fusion`). With nothing to schedule, small tasks buy a little earlier
+communication, which the simulator credits, and cost bytesched's own work and the library's per
+collective, which it does not model. On one H200 shared by two ranks over Gloo, crossing the
+barrier ran at 0.76x DDP's speed on ResNet50 (66 tasks of up to 1 MB) and 0.95x with tasks of up
+to 25 MB (5 tasks). Where the CPU computes and communicates (the emulated benchmark, ResNet50
+scaled to 24 MB) one task lost all overlap (0.65x-0.84x of DDP); four, as many as DDP's buckets,
+passing through over torch.distributed on 4 ranks, used as much CPU as DDP where 1 MB tasks
+(23) used 15-50 % more in Gloo's threads."""
 STAY_OUT_MIN_TASKS = 4
 """The fewest tasks a plan that stays out fuses a model into, so that communication still starts
 before the backward pass ends (DDP starts its first bucket at 1 MB for the same reason)."""
@@ -207,8 +209,7 @@ class StartupPlan(StartObserver):
         """Rank 0: the fusion bound that goes with ``chosen`` (None: the plugin keeps its own)."""
         if chosen != STAY_OUT or self._fusion_bytes is None:
             return None
-        bound = min(STAY_OUT_FUSION_BYTES, self._model_bytes // STAY_OUT_MIN_TASKS)
-        return bound if bound > self._fusion_bytes else None
+        return stay_out_fusion(self._model_bytes, self._fusion_bytes)
 
     def _plan(self, network: NetworkCost | None, failure: str, start: float,
               end: float) -> tuple[SchedulingParams, int, str, int]:
@@ -255,6 +256,14 @@ def _encode(size: float | None) -> int:
 
 def _decode(value: int) -> float:
     return UNLIMITED if value == UNLIMITED_CODE else value
+
+
+def stay_out_fusion(model_bytes: int, fusion_bytes: float) -> int | None:
+    """The fusion bound of a plugin that stays out of the way with ``fusion_bytes`` now
+    (:data:`STAY_OUT_FUSION_BYTES`, at most a :data:`STAY_OUT_MIN_TASKS`-th of ``model_bytes``);
+    None where that would not fuse further."""
+    bound = min(STAY_OUT_FUSION_BYTES, model_bytes // STAY_OUT_MIN_TASKS)
+    return bound if bound > fusion_bytes else None
 
 
 def _fused(fusion_bytes: float) -> str:

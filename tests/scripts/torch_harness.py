@@ -159,7 +159,8 @@ def config(params: SchedulingParams = SchedulingParams(), policy: str = "bytesch
     """The environment's configuration (channel port, job token) with these scheduling settings;
     ``plan``: the start-up plan runs (it then sets the sizes); ``policy="off"``: no scheduling
     (what ``BYTESCHED_POLICY=off`` makes)."""
-    fused = {"fusion_bytes": SPLIT_FUSION_BYTES} if params == SPLIT else {}
+    # As BYTESCHED_FUSION_BYTES would: a plan that stays out keeps the bound (and SPLIT's buckets).
+    fused = {"fusion_bytes": SPLIT_FUSION_BYTES, "fusion_fixed": True} if params == SPLIT else {}
     if policy == core.OFF:
         return dataclasses.replace(core.from_env(), policy="fifo", scheduling=False, plan=False, **fused)
     return dataclasses.replace(core.from_env(), params=params, policy=policy, plan=plan, **fused)

@@ -136,7 +136,7 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
         train_once(flavor, backend, report, case, expected)
 
 
-def offering_fusion(config: Any, device: torch.device) -> float:
+def offering_fusion(config: Any, device: torch.device, backend: Any) -> float:
     """The optimizer's offer of its fusion bound, as on a GPU, here on the CPU."""
     return config.fusion_bytes
 

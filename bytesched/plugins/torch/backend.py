@@ -34,6 +34,9 @@ class Backend(ABC):
         order: the Core's cross-rank order mode this backend needs: ``"immediate"`` when the
             library negotiates the order of collectives itself (Horovod), ``"rank0"`` when every
             rank must issue collectives in the same order (torch.distributed).
+        fuses_by_itself: the library's own path fuses gradients by itself (Horovod's tensor
+            fusion), so bytesched's buckets shape only the Core's path; False where passing
+            through all-reduces bytesched's buckets (torch.distributed).
         passes_per_step: backward passes per step if the wrapped optimizer says (Horovod's
             ``backward_passes_per_step``), else None.
         completions: where the library reports finished operations only when polled (Horovod),
@@ -45,6 +48,7 @@ class Backend(ABC):
     rank: int
     size: int
     order: str
+    fuses_by_itself: bool
     passes_per_step: int | None = None
     completions: Completions | None = None
 

@@ -35,6 +35,7 @@ class DistributedBackend(Backend):
 
     name = "torch.distributed"
     order = "rank0"
+    fuses_by_itself = False
 
     def __init__(self, group: Any = None) -> None:
         self._group = group

@@ -130,6 +130,7 @@ class HorovodBackend(Backend):
 
     name = "horovod"
     order = "immediate"
+    fuses_by_itself = True
     completions: HandlePoller
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
