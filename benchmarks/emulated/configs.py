@@ -83,6 +83,10 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "passes through at once unless sizes were predicted to gain 2 %",
                   policy="bytescheduler", simulated_as="bytescheduler", plan=True,
                   env=(("BYTESCHED_STAY_OUT_PATH", "predict"),)),
+    Configuration("plan-1mb", "bytesched with no settings but BYTESCHED_FUSION_BYTES=1MB (PyTorch only): where "
+                  "the start-up plan stays out over torch.distributed, the 1 MB buckets it kept before revision "
+                  "bfa5135 instead of a quarter of the model", policy="bytescheduler", simulated_as="bytescheduler",
+                  plan=True, env=(("BYTESCHED_FUSION_BYTES", "1MB"),)),
     Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 4 MB credit: the "
                   "best of eight sizes in a sweep of the MXNet PS VGG16 cell at 1 Gbit/s, one run each "
                   "(docs/benchmarks.md); the defaults suit 10-100 Gbit/s, and at 1 Gbit/s a 16 MB credit "
@@ -117,6 +121,10 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
     Configuration("policy-off", "bytesched with BYTESCHED_POLICY=off: every gradient on the framework's own "
                   "path from the first step (no plan, no Core in the way)", policy="fifo", scheduling=False),
+    Configuration("policy-off-1mb", "bytesched with BYTESCHED_POLICY=off and BYTESCHED_FUSION_BYTES=1MB "
+                  "(PyTorch only): over torch.distributed, the 1 MB buckets it passed through before revision "
+                  "bfa5135 instead of a quarter of the model", policy="fifo", scheduling=False,
+                  env=(("BYTESCHED_FUSION_BYTES", "1MB"),)),
     Configuration("fifo", "bytesched, fifo policy", policy="fifo", simulated_as="fifo"),
     Configuration("p3", "bytesched, p3 policy (160 KB slices, one in flight)", policy="p3", simulated_as="p3"),
     Configuration("prophet", "bytesched, prophet policy", policy="prophet", simulated_as="prophet"),
