@@ -312,16 +312,18 @@ def test_buckets_join_consecutive_parameters_of_one_kind_up_to_the_fusion_size(o
 
 
 def test_merged_buckets_join_consecutive_buckets_of_one_kind_up_to_the_larger_bound(one_rank_group: object) -> None:
-    """What a plan that stays out does to the agreed buckets: p0-p5 (float32, group 0) join, the
-    float64 bucket stays alone (another kind), and group 1 joins nothing across the boundary."""
+    """What a plan that stays out does to the agreed buckets: the first (p0) stays as it is, p1-p5
+    (float32, group 0) join, the float64 bucket stays alone (another kind), and group 1 joins
+    nothing across the boundary."""
     model = nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5), nn.Linear(50, 1), nn.Linear(5, 5).double(),
                           nn.Linear(5, 5))
     slots = [ParamSlot(f"p{i}", p, group=0 if i < 8 else 1, priority=i) for i, p in enumerate(model.parameters())]
     buckets = agree_on_buckets(DistributedBackend(one_rank_group), slots, 1)  # every tensor alone
     merged = merge_buckets(buckets, 500)
-    assert [b.name for b in merged] == ["p0+5", "p6+1", "p8+1"]
-    assert [s.name for s in merged[0].slots] == [f"p{i}" for i in range(6)] and slots[5].bucket is merged[0]
-    assert [b.name for b in merge_buckets(buckets, 250)] == ["p0+3", "p4+1", "p6+1", "p8+1"]
+    assert [b.name for b in merged] == ["p0", "p1+4", "p6+1", "p8+1"]
+    assert [s.name for s in merged[1].slots] == [f"p{i}" for i in range(1, 6)] and slots[5].bucket is merged[1]
+    assert slots[0].bucket is merged[0]
+    assert [b.name for b in merge_buckets(buckets, 250)] == ["p0", "p1+2", "p4+1", "p6+1", "p8+1"]
 
 
 def test_a_bucket_packs_its_gradients_and_unpacks_the_reduced_buffer_into_them() -> None:
@@ -359,12 +361,13 @@ def test_fused_gradients_cost_one_collective_per_bucket_and_train_bit_for_bit(on
     assert sorted(reduced) == sorted([60, 30, 60, 30] * 3)
 
 
-@pytest.mark.parametrize("fixed, collectives", [(False, 4), (True, 8)])
+@pytest.mark.parametrize("fixed, collectives", [(False, 5), (True, 8)])
 def test_scheduling_off_over_torch_distributed_fuses_as_a_plan_that_stays_out(
         one_rank_group: object, monkeypatch: pytest.MonkeyPatch, fixed: bool, collectives: int) -> None:
     """BYTESCHED_POLICY=off passes through from construction in the buckets a plan that stays out
-    would fuse (a quarter of the model: four layers of 120 bytes, four collectives per step instead
-    of eight), unless the job fixed its fusion bound; either way the bits of plain training."""
+    would fuse (four layers of 120 bytes, a quarter of the model: the first weight alone, then its
+    bias with the next weight and so on, five collectives per step instead of eight), unless the
+    job fixed its fusion bound; either way the bits of plain training."""
     import torch.distributed as dist
     torch.manual_seed(0)
     layers = [nn.Linear(5, 5) for _ in range(4)]
@@ -412,7 +415,7 @@ def test_fusing_again_between_steps_keeps_training_bit_for_bit(one_rank_group: o
         if step == 3:
             opt.synchronize()
             opt._pipeline.fuse(1000)
-            assert [b.name for b in opt._pipeline.buckets] == ["0.weight+7"]
+            assert [b.name for b in opt._pipeline.buckets] == ["0.weight", "0.bias+6"]  # the first stays
 
     train_side_by_side(reference, ref_opt, model, opt, steps=6, before_step=fuse_at_step_3)
 

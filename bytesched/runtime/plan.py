@@ -83,9 +83,9 @@ communication, which the simulator credits, and cost bytesched's own work and th
 collective, which it does not model. On one H200 shared by two ranks over Gloo, crossing the
 barrier ran at 0.76x DDP's speed on ResNet50 (66 tasks of up to 1 MB) and 0.95x with tasks of up
 to 25 MB (5 tasks). Where the CPU computes and communicates (the emulated benchmark, ResNet50
-scaled to 24 MB) one task lost all overlap (0.65x-0.84x of DDP); four, as many as DDP's buckets,
-passing through over torch.distributed on 4 ranks, used as much CPU as DDP where 1 MB tasks
-(23) used 15-50 % more in Gloo's threads."""
+scaled to 24 MB) one task lost all overlap (0.65x-0.84x of DDP); passing through over
+torch.distributed on 4 ranks, tasks of a quarter of the model (5) cost rank 0 0.91x-1.06x of DDP's
+CPU per step where 1 MB tasks (18-23) cost 1.13x-1.47x, mostly in Gloo's threads."""
 STAY_OUT_MIN_TASKS = 4
 """The fewest tasks a plan that stays out fuses a model into, so that communication still starts
 before the backward pass ends (DDP starts its first bucket at 1 MB for the same reason)."""

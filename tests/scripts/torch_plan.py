@@ -19,7 +19,7 @@ same weights on the same data as the unscheduled baseline, which it must match b
 - ``sized``: ``BYTESCHED_PARTITION_BYTES`` is set, so there is no plan at all;
 - ``fused``: the 16-layer "deep" MLP (9.5 MB, 16 buckets), its optimizer offering its fusion bound
   to the plan as on a GPU, ``BYTESCHED_STAY_OUT_PATH=predict``, and rank 0's simulation replaced
-  by one that stays out: every rank merges its buckets into 4 tasks at step 2 and passes through;
+  by one that stays out: every rank merges its buckets into 5 tasks (the first one kept) at step 2 and passes through;
 - ``reuse``: as ``failed``, then that optimizer is closed and a second one trains a fresh model
   on the same Core (through the Core: the first one passed its gradients to the library);
 - ``late`` (torch.distributed): as ``failed``, and while that optimizer passes through, a second

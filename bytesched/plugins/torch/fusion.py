@@ -112,11 +112,15 @@ def backward_order(buckets: Sequence[Bucket]) -> list[Bucket]:
 
 def merge_buckets(buckets: Sequence[Bucket], fusion_bytes: float) -> list[Bucket]:
     """``buckets`` merged into runs of consecutive buckets of one kind (group, dtype, device)
-    holding at most ``fusion_bytes`` together; a bucket larger than that stays alone. The
-    members keep their order, so the layout stays the same on every rank."""
-    runs = fusion_runs([sum(_nbytes(slot) for slot in bucket.slots) for bucket in buckets], fusion_bytes,
-                       [_kind(bucket.slots[0]) for bucket in buckets])
-    return [Bucket([slot for index in run for slot in buckets[index].slots]) for run in runs]
+    holding at most ``fusion_bytes`` together; a bucket larger than that stays alone, and so does
+    the first (in most models the first layers', which backward produces last): what is
+    all-reduced after backward ended stays as small as before, while the others merge (on 2
+    emulated ranks a 6 MB last bucket cost ResNet50 2-3 %). The members keep their order, and the
+    first bucket is the same on every rank (rank 0's layout), so every rank merges alike."""
+    first, rest = buckets[0], buckets[1:]
+    runs = fusion_runs([sum(_nbytes(slot) for slot in bucket.slots) for bucket in rest], fusion_bytes,
+                       [_kind(bucket.slots[0]) for bucket in rest])
+    return [Bucket(first.slots), *(Bucket([slot for index in run for slot in rest[index].slots]) for run in runs)]
 
 
 def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:

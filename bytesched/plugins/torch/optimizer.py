@@ -132,8 +132,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes, warm),
                                    planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
-        if not config.scheduling:  # as a plan that stays out: fused as it would be, passing through
-            offered = _plan_fusion(config, device, backend)
+        if not config.scheduling:  # as a plan that stays out: passing through, in the buckets it would fuse
+            offered = None if backend.fuses_by_itself else _plan_fusion(config, device, backend)
             fusion = None if offered is None else stay_out_fusion(model_bytes, offered)
             if fusion is not None:
                 self._fuse(fusion)
@@ -568,10 +568,10 @@ def _plan_fusion(config: Config, device: torch.device, backend: Backend) -> floa
     (:data:`bytesched.runtime.plan.STAY_OUT_FUSION_BYTES`). On a GPU bytesched's work per task
     competes with the training thread's kernel launches, and fewer tasks were measured to pay.
     Over torch.distributed each bucket is one collective, whose cost in Gloo's threads fewer
-    buckets save: on 4 emulated CPU ranks at 2.5-10 Gbit/s passing through in 1 MB buckets ran
-    0.94x-1.04x of DDP, in a quarter of the model each 0.98x-1.01x with DDP's CPU per step. On
-    the CPU over Horovod, which fuses by itself, the bound shapes only the Core's path, whose
-    1 MB tasks the path trial kept in 27 of 28 runs there (1.05x-1.25x)."""
+    buckets save: on 4 emulated CPU ranks at 2.5-10 Gbit/s, passing through in 1 MB buckets cost
+    rank 0 1.13x-1.47x of DDP's CPU per step, in a quarter of the model each 0.91x-1.06x, at the
+    same speed. On the CPU over Horovod, which fuses by itself, the bound shapes only the Core's
+    path, whose 1 MB tasks the path trial kept in 27 of 28 runs there (1.05x-1.25x)."""
     if config.fusion_fixed or (device.type != "cuda" and backend.fuses_by_itself):
         return None
     return config.fusion_bytes
