@@ -73,6 +73,13 @@ def test_each_configuration_gives_its_workers_the_bytesched_settings_it_names() 
         assert chosen.settings(from_env(dict(chosen.env))).stay_out_path == path
         assert [f for f, framework in FRAMEWORKS.items() if name in framework.configurations] == \
             ["torch-horovod", "torch-distributed"]
+    # The old 1 MB buckets beside the plan and scheduling off: the job fixes the fusion bound.
+    for name, scheduling in (("plan-1mb", True), ("policy-off-1mb", False)):
+        chosen = configuration(name)
+        settings = chosen.settings(from_env(dict(chosen.env)))
+        assert (settings.fusion_bytes, settings.fusion_fixed, settings.scheduling) == (1_000_000, True, scheduling)
+        assert [f for f, framework in FRAMEWORKS.items() if name in framework.configurations] == \
+            ["torch-horovod", "torch-distributed"]
 
 
 def test_rounds_rotate_and_batch_configurations_into_jobs() -> None:
