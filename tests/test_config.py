@@ -114,13 +114,16 @@ def test_stay_out_path_is_one_of_three_and_needs_a_plan() -> None:
         Config(stay_out_path="never")
 
 
-def test_plan_trial_is_on_by_default_on_a_parameter_server_only_and_needs_a_plan() -> None:
+def test_plan_trial_is_on_by_default_on_a_parameter_server_and_over_announced_cpu_all_reduces() -> None:
     """BYTESCHED_PLAN_TRIAL says whether a plan's sizes are timed against staying out (unset: on
-    a parameter server, not over an all-reduce); where the job has no plan it would be silently
-    ignored, so it is refused naming the setting."""
+    a parameter server and over an all-reduce that follows rank 0's announcements on the CPU, not
+    over Horovod nor on a GPU); where the job has no plan it would be silently ignored, so it is
+    refused naming the setting."""
     unset, on, off = (from_env(env) for env in ({}, {"BYTESCHED_PLAN_TRIAL": "1"}, {"BYTESCHED_PLAN_TRIAL": "0"}))
     assert [wants_trial(config, arch) for config in (unset, on, off) for arch in ("ps", "allreduce")] == \
         [True, False, True, True, False, False]
+    assert [wants_trial(config, "allreduce", announced_on_cpu=True) for config in (unset, on, off)] == \
+        [True, True, False]
     for extra in ({"BYTESCHED_PLAN": "0"}, {"BYTESCHED_CREDIT_BYTES": "4MB"}, {"BYTESCHED_POLICY": "off"}):
         with pytest.raises(ConfigError, match="BYTESCHED_PLAN_TRIAL=0 chooses whether a start-up plan's sizes"):
             from_env({"BYTESCHED_PLAN_TRIAL": "0", **extra})

@@ -74,10 +74,11 @@ class Rank:
 SIZED = PlanOutcome(SchedulingParams(partition_bytes=1_000_000, credit_bytes=4_000_000), 2, "chose 1 MB / 4 MB")
 
 
-def trial_steps(ranks: list[Rank], sized_ms: float, staying_out_ms: float) -> list[list[PlanOutcome | None]]:
+def trial_steps(ranks: list[Rank], sized_ms: float, staying_out_ms: float,
+                stay_out_fusion: float | None = None) -> list[list[PlanOutcome | None]]:
     """Both ranks' plan trials from the plan's step 2, fed steps of ``sized_ms`` then
     ``staying_out_ms`` (rank 1 reads its clock 5 ms late each step); what each returned per step."""
-    trials = [PlanTrial(SIZED, rank, now=float(rank.rank)) for rank in ranks]
+    trials = [PlanTrial(SIZED, rank, now=float(rank.rank), stay_out_fusion=stay_out_fusion) for rank in ranks]
     clocks = [float(rank.rank) for rank in ranks]
     returned: list[list[PlanOutcome | None]] = [[], []]
     for step in range(3, 3 + 2 * TRIAL_STEPS):
@@ -110,6 +111,17 @@ def test_a_plan_trial_stays_out_after_the_sizes_steps_and_keeps_the_sizes_only_i
     assert returned[0][-1] is None and returned[1][-1] is None
     assert ranks[1].offered == [103_000, 105_000]  # rank 1's own medians, read 5 ms late: not used
     assert rank0s == [98_000, 100_000]  # rank 0's, in microseconds, decided on both ranks
+
+
+def test_a_plan_trial_stays_out_in_the_fusion_a_plan_that_stays_out_gives() -> None:
+    """Where the plugin offered its fusion bound, the trial's steps passing through run fused as a
+    plan that stays out would run them; the sizes, if they come back, keep the plugin's own bound."""
+    rank0s: list[int] = []
+    for steps in trial_steps([Rank(0, rank0s), Rank(1, rank0s)], sized_ms=80.0, staying_out_ms=100.0,
+                             stay_out_fusion=6e6):
+        staying_out, kept = steps[TRIAL_STEPS - 1], steps[-1]
+        assert staying_out is not None and (staying_out.fusion_bytes, staying_out.passes_through) == (6e6, True)
+        assert kept is not None and kept.fusion_bytes is None
 
 
 class FailingRank(Rank):

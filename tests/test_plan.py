@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecord
 from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS,
                                     StartupPlan, wants_plan)
 from bytesched.sim import make_cluster, run
-from bytesched.sim.plan import PASS_THROUGH_MARGIN, Plan, make_plan
+from bytesched.sim.plan import FUSION_MARGIN, PASS_THROUGH_MARGIN, Plan, fused_profile, fusion_pays, make_plan
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -177,12 +178,12 @@ def test_rank0_plans_from_the_observed_step_and_broadcasts_its_choice() -> None:
 
 
 def _planned(rank: int, ranks: BroadcastingRanks, fusion_bytes: float | None, fixed: float = 0.020,
-             large: float = 0.030, model_bytes: int = 200_000_000) -> StartupPlan:
+             large: float = 0.030, model_bytes: int = 200_000_000, weighs_fusion: bool = False) -> StartupPlan:
     """A plan run through steps 0-2 (rank 0 observes eight 4 MB gradients); by default on a
     network whose every all-reduce costs 20 ms fixed, where it stays out of the way."""
     core = RecordingCore()
     plan = StartupPlan(core, ranks, _timed(fixed, large), arch="allreduce", model_bytes=model_bytes,
-                       drain=lambda: None, fusion_bytes=fusion_bytes)
+                       drain=lambda: None, fusion_bytes=fusion_bytes, weighs_fusion=weighs_fusion)
     plan.on_step(0)
     plan.on_step(1)
     if rank == 0:
@@ -199,6 +200,55 @@ def test_staying_out_fuses_the_plugins_gradients_into_larger_tasks() -> None:
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
     assert ranks.sent == [0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
     assert outcome.summary.endswith("; gradients fused up to 25MB per task")
+
+
+def test_weighing_fuses_where_the_simulator_predicts_the_step_no_slower() -> None:
+    """On the network whose every all-reduce costs 20 ms fixed and communication hides behind the
+    backward pass, fewer tasks are predicted no slower: the plan fuses and says what it predicted."""
+    ranks = BroadcastingRanks(0)
+    outcome = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True).outcome
+    assert outcome is not None and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
+    assert re.search(r"; gradients fused up to 25MB per task \(predicted \d\.\d\dx the time in the observed tasks\)$",
+                     outcome.summary), outcome.summary
+
+
+def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where fused tasks are predicted to slow the step (communication starting later), a plan that
+    stays out keeps the plugin's tasks, tells every rank so, and says why."""
+    monkeypatch.setattr(plan_module, "fusion_pays", lambda profile, cluster, bound: (False, 1.07))
+    ranks = BroadcastingRanks(0)
+    plan = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True)
+    assert plan.outcome is not None and plan.outcome.params == STAY_OUT and plan.outcome.fusion_bytes is None
+    assert ranks.sent[2] == 0 and plan.stay_out_fusion is None
+    assert plan.outcome.summary.endswith("; the observed tasks kept (fused up to 25MB: predicted 1.07x their time)")
+
+
+def test_fused_profile_merges_as_the_plugin_merges_its_buckets() -> None:
+    """The first layer stays alone, the others merge in runs of at most the bound; a merged layer's
+    gradient is ready when its first member's is (the last in backward), one tensor of them all."""
+    tasks = [ObservedTask(f"g{i}", 0.05 + 0.02 * i, 4_000_000) for i in range(8)]
+    profile = measured_profile(tasks, start=0.0)
+    fused = fused_profile(profile, 12_000_000)
+    assert [(layer.name, layer.nbytes, len(layer.tensors)) for layer in fused.layers] == \
+        [("7:g7", 4_000_000, 1), ("6:g6+2", 12_000_000, 1), ("3:g3+2", 12_000_000, 1), ("0:g0", 4_000_000, 1)]
+    assert fused.layers[1].backward == pytest.approx(sum(layer.backward for layer in profile.layers[1:4]))
+    assert fused.compute_time == pytest.approx(profile.compute_time) and fused.nbytes == profile.nbytes
+
+
+def test_fusion_pays_where_communication_hides_behind_backward_and_not_where_it_lasts_as_long() -> None:
+    """Eight 4 MB gradients 20 ms of backward apart: where 4 MB take 4 ms, fused tasks of 12 MB
+    still hide (predicted within 1 %); where they take 20 ms, the merged ones start later and the
+    step is predicted longer."""
+    tasks = [ObservedTask(f"g{i}", 0.05 + 0.02 * i, 4_000_000) for i in range(8)]
+    profile = measured_profile(tasks, start=0.0)
+
+    def cluster(large: float) -> Any:
+        return make_cluster(arch="allreduce", workers=2, bucket_bytes=0,
+                            **NetworkCost(0.0002, large, 16_000_000).simulator_options("allreduce", 2))
+
+    assert fusion_pays(profile, cluster(0.016), 12_000_000)[0]
+    pays, ratio = fusion_pays(profile, cluster(0.080), 12_000_000)
+    assert not pays and ratio > 1 + FUSION_MARGIN
 
 
 def test_a_smaller_model_is_fused_into_at_least_four_tasks() -> None:
@@ -227,9 +277,12 @@ def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -
     sized = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
     monkeypatch.setattr(plan_module, "make_plan", lambda *args: Plan("bytescheduler", sized, 1.0, 1.2, 1.0))
     ranks = BroadcastingRanks(0)
-    outcome = _planned(0, ranks, fusion_bytes=1_000_000).outcome
+    plan = _planned(0, ranks, fusion_bytes=1_000_000)
+    outcome = plan.outcome
     assert outcome is not None and outcome.params == sized and outcome.fusion_bytes is None
-    assert not outcome.passes_through and ranks.sent == [1_000_000, 2_000_000, 0, 0]
+    # The bound that goes with staying out still travels, for a trial's steps staying out.
+    assert not outcome.passes_through and ranks.sent == [1_000_000, 2_000_000, STAY_OUT_FUSION_BYTES, 0]
+    assert plan.stay_out_fusion == STAY_OUT_FUSION_BYTES
 
 
 def test_a_follower_fuses_as_rank0_said() -> None:
@@ -341,13 +394,15 @@ def test_no_optimizer_joins_a_core_while_it_is_in_its_agreed_sequence() -> None:
         shutdown()
 
 
-@pytest.mark.parametrize("arch, order, margin", [("allreduce", "immediate", 0.01), ("allreduce", "rank0", 0.2),
-                                                 ("ps", "rank0", 0.05)])
+@pytest.mark.parametrize("arch, order, tries, margin", [
+    ("allreduce", "immediate", False, 0.01), ("allreduce", "rank0", False, 0.2), ("allreduce", "rank0", True, 0.05),
+    ("ps", "rank0", True, 0.05)])
 def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
-        arch: str, order: str, margin: float, monkeypatch: pytest.MonkeyPatch) -> None:
+        arch: str, order: str, tries: bool, margin: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where every partition also waits for rank 0's announcement (torch.distributed), which the
-    simulator does not model, a sized plan must be predicted 25 % faster than staying out; on a
-    parameter server, whose pushes wait for every worker anyway, 5 %."""
+    simulator does not model, an untried sized plan must be predicted 25 % faster than staying
+    out, a tried one 5 % (the trial keeps it only if it ran faster); on a parameter server, whose
+    pushes wait for every worker anyway, 5 %."""
     import bytesched.runtime.plan as plan_module
 
     margins: list[float] = []
@@ -357,7 +412,7 @@ def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
     core.order = order  # type: ignore[misc]
     ps = {"servers": 2, "bigarray_bound": 1_000_000} if arch == "ps" else {}
     plan = StartupPlan(core, BroadcastingRanks(0), _timed(0.0002, 0.004), arch=arch,
-                       model_bytes=32_000_000, drain=lambda: None, **ps)
+                       model_bytes=32_000_000, drain=lambda: None, tries_sizes=tries, **ps)
     plan.on_step(0)
     plan.on_step(1)
     _observed_step(core)

@@ -78,8 +78,8 @@ def horovod_job() -> PlanLaunch:
 @pytest.fixture(scope="module")
 def dist_job() -> PlanLaunch:
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late,measured,kept-core,tried",
-                      timeout=240)
+    return torch_plan(launcher, "dist", "plan,forced,failed,fused,reuse,late,measured,kept-core,kept-core-fused,"
+                      "tried,tried-unfused", timeout=270)
 
 
 @pytest.fixture(params=["horovod", "dist"])
@@ -139,8 +139,8 @@ def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job:
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_a_plan_that_stays_out_on_a_gpu_fuses_every_ranks_buckets_alike(job: PlanLaunch) -> None:
-    """The optimizer offers its fusion bound and its pass-through margin as on a GPU, the job
-    predicts its path (BYTESCHED_STAY_OUT_PATH=predict), and the plan stays out: from step 2 every
+    """The optimizer offers its fusion bound, unweighed, and its pass-through margin as on a GPU,
+    the job predicts its path (BYTESCHED_STAY_OUT_PATH=predict), and the plan stays out: from step 2 every
     rank keeps DeepMLP's first bucket and merges the other 15 into 4 of up to a quarter of the
     model (5 in all), with the baseline's bits, and passes through although sizes were predicted
     to gain 10 % (predicting on the CPU keeps bytesched's path; the 5 buckets are what passing
@@ -217,11 +217,24 @@ def test_a_path_trial_that_keeps_the_core_comes_back_from_passing_through(job: P
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
+def test_a_path_trial_that_keeps_the_core_keeps_the_plans_fused_buckets(dist_job: PlanLaunch) -> None:
+    """The plan stayed out and fused DeepMLP's 16 buckets into 5; the path trial's return to the
+    Core keeps those 5, which is the sequence every rank agreed on (in other buckets the Core's
+    tasks would not be in it, and the job would stop)."""
+    agreed = dist_job.agreed("kept-core-fused")
+    assert agreed["trial"][2] is False and not agreed["passes_through"] and agreed["order"] == "sequence"
+    assert agreed["layouts"] == [5] and agreed["buckets"] == 5 and agreed["fusion"] == DEEP_FUSION
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
 def test_a_sized_plans_trial_keeps_the_faster_on_every_rank_at_the_same_step(job: PlanLaunch) -> None:
-    """The forced 1 MB / 2 MB plan is tried (the default): six steps on the sizes through the Core,
-    six staying out and passing through, then every rank keeps what rank 0's medians chose at
-    step 14 (over torch.distributed whichever was faster here; over Horovod the trial's margin
-    makes the sizes win, so the gradients come back to the Core), with the baseline's bits."""
+    """The forced 1 MB / 2 MB plan is tried: six steps on the sizes through the Core, six staying
+    out and passing through, then every rank keeps what rank 0's medians chose at step 14 (over
+    torch.distributed whichever was faster here; over Horovod the trial's margin makes the sizes
+    win, so the gradients come back to the Core), with the baseline's bits. Over
+    torch.distributed the steps passing through fuse the buckets as a plan that stays out would
+    (WideMLP's three stay three), and a return to the sizes lays them out again."""
     case = "tried" if job.backend == "dist" else "tried-kept"
     agreed = job.agreed(case)
     sized_ms, staying_out_ms, passes = agreed["plan_trial"]
@@ -231,4 +244,19 @@ def test_a_sized_plans_trial_keeps_the_faster_on_every_rank_at_the_same_step(job
     assert agreed["set_params"] == [STAY_OUT, sized, STAY_OUT] + ([] if passes else [sized])
     assert (agreed["params"], agreed["step"]) == ((STAY_OUT, PLANNED_STEP + 6) if passes else (sized, PLANNED_STEP + 12))
     assert agreed["passes_through"] == passes and agreed["order"] == job.backend_order
+    assert agreed["layouts"] == ([] if job.backend == "horovod" else [BUCKETS] + ([] if passes else [BUCKETS]))
     assert "bytesched plan trial: " in job.output
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_a_sized_plans_trial_times_staying_out_in_fused_buckets_and_returns_to_the_sizes_unfused(
+        dist_job: PlanLaunch) -> None:
+    """Over torch.distributed, DeepMLP's 16 buckets: the trial's six steps passing through run
+    them fused into 5, as a plan that stays out would give them; the sizes win (the trial's margin
+    says so), and the Core's path gets its 16 buckets back, with the baseline's bits."""
+    agreed = dist_job.agreed("tried-unfused")
+    assert agreed["plan_trial"][2] is False and not agreed["passes_through"]
+    assert agreed["set_params"] == [STAY_OUT, ["1MB", "2MB"], STAY_OUT, ["1MB", "2MB"]]
+    assert agreed["layouts"] == [5, 16] and agreed["buckets"] == 16
+    assert agreed["fusion"] is None  # the sizes' outcome keeps the plugin's own bound

@@ -65,7 +65,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "backend's all-reduce, and rank 0 picks partition and credit by simulating the second step "
                   "(the start-up plan); on a parameter server, sizes it chose are then tried, six steps on them "
                   "and six passing through, and kept only if faster (over an all-reduce too in result files of "
-                  "revisions 3e837b0 to caf6531; untried in files before them); on the PyTorch stacks, where the plan "
+                  "revisions 3e837b0 to caf6531; untried in files before them; over torch.distributed again from "
+                  "the files of the tried sizes there on, where a tried plan needs a 1.05x prediction, an untried "
+                  "one 1.25x); on the PyTorch stacks, where the plan "
                   "stays out, six steps through the Core and six passing through, and the faster path is kept "
                   "(from revision 0f4ca93 on; before it only on a GPU); the timed steps come after it",
                   policy="bytescheduler", simulated_as="bytescheduler", plan=True),

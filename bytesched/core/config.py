@@ -338,7 +338,8 @@ VARIABLES: tuple[Variable, ...] = (
              "limit) for two steps, times the backend's all-reduce, and rank 0 picks the sizes by "
              "simulating the second step; every rank applies them from the third (docs/plan.md). "
              "0: the fixed default sizes apply."),
-    Variable("BYTESCHED_PLAN_TRIAL", "plan_trial", _flag, "1 on a parameter server, 0 over an all-reduce",
+    Variable("BYTESCHED_PLAN_TRIAL", "plan_trial", _flag,
+             "1 on a parameter server and over torch.distributed on the CPU, else 0",
              "1: sizes the start-up plan chose are kept only if they run faster than staying out: six "
              "steps on the sizes, six passing through to the framework's own path, and every rank keeps "
              "the faster (the sizes only when faster by 2 %); 0: the sizes are kept as predicted."),

@@ -9,8 +9,10 @@ should have seen them win. So, after a sized plan, every rank runs :data:`~.path
 steps on its sizes, then as many staying out (no partitioning, no credit limit) on the
 framework's own path (passing through), the first step of each left out, and keeps the sizes
 only if they ran faster by :data:`~.path_trial.CORE_MARGIN`: otherwise it stays on the
-framework's own path, the baseline a user runs without bytesched. By default only a parameter
-server's plan is tried (:func:`wants_trial` says why).
+framework's own path, the baseline a user runs without bytesched (in the fusion a plan that
+stays out would give the plugin, :attr:`~.plan.StartupPlan.stay_out_fusion`). By default a
+parameter server's plan is tried, and a torch.distributed job's on the CPU (:func:`wants_trial`
+says why).
 
 Rank 0's medians decide, broadcast to every rank (a parameter server's workers have no
 collective but the rank-0 channel's broadcast): in synchronous data-parallel training every rank
@@ -42,20 +44,26 @@ US = 1e3
 """Microseconds per millisecond: the medians travel in the integer broadcast as microseconds."""
 
 
-def wants_trial(config: Config, arch: str) -> bool:
+def wants_trial(config: Config, arch: str, announced_on_cpu: bool = False) -> bool:
     """Whether a plan's sizes are tried: ``BYTESCHED_PLAN_TRIAL``, or where unset, on a parameter
-    server (``arch="ps"``) and not over an all-reduce.
+    server (``arch="ps"``) and over an all-reduce whose followers wait for rank 0's announced order
+    with the gradients on the CPU (``announced_on_cpu``: torch.distributed), not over Horovod.
 
     Why the backends differ: a sized plan that lost was measured on a parameter server (above),
-    never over Horovod; and over Horovod a trial that keeps the sizes can leave the job slower
-    than the same sizes untried, for as long as it was measured. On 2 emulated ranks at
-    1 Gbit/s, MXNet's ResNet50 kept its 1 MB / 2 MB sizes in every trial and then ran at 1.11x
-    plain Horovod, against 1.20x untried with the same sizes (and still 0.91x of untried 15 steps
-    after the trial); Horovod's response cache takes part: with ``HOROVOD_CACHE_CAPACITY=0`` the
+    never over Horovod. Over torch.distributed every partition also waits for rank 0's
+    announcement, which the simulator does not model, so untried sizes need a 1.25x prediction
+    (:data:`~.plan.RANK0_ORDER_MARGIN`), which left 4-rank jobs at 0.5-1 Gbit/s staying out at
+    1.00x-1.04x of DDP; tried, their sizes need 1.05x (:data:`~.plan.RANK0_TRIED_MARGIN`) and ran
+    at 1.13x-1.21x at 0.5 Gbit/s. On a GPU it is not the default there: every sized plan measured
+    there lost (the margin's note), and none was measured with a trial. Over Horovod a trial that
+    keeps the sizes can leave the job slower than the same sizes untried, for as long as it was
+    measured. On 2 emulated ranks at 1 Gbit/s, MXNet's ResNet50 kept its 1 MB / 2 MB sizes in
+    every trial and then ran at 1.11x plain Horovod, against 1.20x untried with the same sizes
+    (and still 0.91x of untried 15 steps after the trial); Horovod's response cache takes part: with ``HOROVOD_CACHE_CAPACITY=0`` the
     gap fell to 2-4 % (docs/benchmarks.md)."""
     if config.plan_trial is not None:
         return config.plan_trial
-    return arch == "ps"
+    return arch == "ps" or announced_on_cpu
 
 
 class PlanTrial:
@@ -65,11 +73,15 @@ class PlanTrial:
     until :attr:`done`; apply the outcome it returns (None: nothing changes).
     """
 
-    def __init__(self, sized: PlanOutcome, ranks: Ranks, now: float | None = None) -> None:
+    def __init__(self, sized: PlanOutcome, ranks: Ranks, now: float | None = None,
+                 stay_out_fusion: float | None = None) -> None:
         if sized.params == STAY_OUT:
             raise ValueError("a plan trial times sizes against staying out; this plan stays out")
         self._sized = sized
         self._ranks = ranks
+        self._stay_out_fusion = stay_out_fusion
+        """The fusion bound a plan that stays out would have given the plugin (None: its own), so
+        that the steps passing through are timed as such a plan would run them."""
         self._counter = PathTrial(core_path=f"the plan's {sized.describe()}")
         self._counter.boundary(time.monotonic() if now is None else now)
         self.outcome: TrialOutcome | None = None
@@ -85,7 +97,7 @@ class PlanTrial:
         action = self._counter.boundary(time.monotonic() if now is None else now)
         if action == "pass_through":
             return PlanOutcome(STAY_OUT, step, f"{self._sized.summary}; trial: staying out from step {step}",
-                               passes_through=True)
+                               fusion_bytes=self._stay_out_fusion, passes_through=True)
         if action != "decide":
             return None
         try:

@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.config import UNLIMITED, SchedulingParams
+from ..core.task import fusion_runs
 from .cluster import Cluster
-from .profile import ModelProfile
+from .profile import Layer, ModelProfile, Tensor
 from .simulator import run
 
 PLAN = "plan"
@@ -47,6 +48,14 @@ simulator's ideal is 1.11x-1.18x but the plan keeps out of rank 0's order for le
 staying out through the Core ran VGG16 at 1.11x-1.14x and ResNet50 at 1.08x of DDP, passing
 through at 1.01x and 1.05x; at 2.5-10 Gbit/s, where the ideal is 0.99x-1.00x, passing through
 ran at 1.00x-1.04x of DDP."""
+FUSION_MARGIN = 0.01
+"""How much slower (a fraction of staying out's iteration time) a plan that stays out may be
+predicted to run in fused tasks than in the observed ones and still fuse (:func:`fusion_pays`).
+Fewer tasks save each collective's CPU, which the simulator does not model; larger ones start
+communicating later, which it does. On 4 emulated CPU ranks over torch.distributed, tasks of a
+quarter of the model ran at DDP's speed with less CPU at 2.5-10 Gbit/s, and the Transformer at
+1 Gbit/s, where communication lasts about as long as the backward pass, at 0.90x-0.95x where its
+1 MB tasks had run at 0.99x-1.01x (docs/benchmarks.md)."""
 SEARCH_ITERATIONS = 1
 SEARCH_WARMUP = 1
 
@@ -110,3 +119,32 @@ def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_
     if best < (1 - margin) * stay_out:
         return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin)
     return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)
+
+
+def fused_profile(profile: ModelProfile, fusion_bytes: float) -> ModelProfile:
+    """``profile`` with its layers merged as a plugin merges its tasks' buckets
+    (:func:`bytesched.plugins.torch.fusion.merge_buckets`): the first layer alone, then runs of
+    consecutive layers holding at most ``fusion_bytes`` together (a larger one alone). A merged
+    layer computes its members' time and sends one tensor, ready when the last of theirs is
+    (its first member's, in backward order)."""
+    first, rest = profile.layers[0], profile.layers[1:]
+    merged = [first]
+    for indices in fusion_runs([layer.nbytes for layer in rest], fusion_bytes):
+        members = [rest[index] for index in indices]
+        name = members[0].name if len(members) == 1 else f"{members[0].name}+{len(members) - 1}"
+        merged.append(Layer(name, forward=sum(layer.forward for layer in members),
+                            backward=sum(layer.backward for layer in members),
+                            tensors=(Tensor(name, sum(layer.nbytes for layer in members)),),
+                            update=sum(layer.update for layer in members)))
+    return ModelProfile(f"{profile.name}, fused", tuple(merged), profile.batch_size, profile.description)
+
+
+def fusion_pays(profile: ModelProfile, cluster: Cluster, fusion_bytes: float) -> tuple[bool, float]:
+    """Whether a plan that stays out may fuse ``profile``'s tasks up to ``fusion_bytes``: the
+    fused layout must be predicted no slower than the observed one by :data:`FUSION_MARGIN`.
+    Returns that and the predicted ratio of their iteration times (fused over observed)."""
+    def seconds(job: ModelProfile) -> float:
+        return run(job, cluster, "fifo", STAY_OUT, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP).iteration_time
+
+    ratio = seconds(fused_profile(profile, fusion_bytes)) / seconds(profile)
+    return ratio <= 1 + FUSION_MARGIN, ratio

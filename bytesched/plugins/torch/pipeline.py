@@ -147,10 +147,13 @@ class UpdatePipeline:
     made under one lock, and waits sleep on events or a condition.
     """
 
-    def __init__(self, slots: list[ParamSlot], buckets: list[Bucket], backend: Backend, core: Core,
-                 apply_update: PartialStep, backward_passes_per_step: int) -> None:
+    def __init__(self, slots: list[ParamSlot], buckets: list[Bucket], fusion_bytes: float, backend: Backend,
+                 core: Core, apply_update: PartialStep, backward_passes_per_step: int) -> None:
         self.slots = slots
         self.buckets = buckets
+        self.fusion_bytes = fusion_bytes
+        """The bound ``buckets`` were fused under."""
+        self._unfused: tuple[list[list[ParamSlot]], float] | None = None  # the layout and bound before fuse()
         self._backend = backend
         self._core = core
         self._apply_update = apply_update
@@ -175,9 +178,31 @@ class UpdatePipeline:
         """Merge consecutive buckets up to ``fusion_bytes`` each (a plan's word, at a step
         boundary once every update has been applied: no bucket may have a task then)."""
         with self._lock:
-            if self._round_open or any(bucket.task is not None for bucket in self.buckets):
-                raise RuntimeError("buckets can only be fused again between steps, once every update was applied")
+            self._check_between_steps()
+            if self._unfused is None:
+                self._unfused = ([bucket.slots for bucket in self.buckets], self.fusion_bytes)
             self.buckets = merge_buckets(self.buckets, fusion_bytes)
+            self.fusion_bytes = fusion_bytes
+
+    @property
+    def fused(self) -> bool:
+        """:meth:`fuse` merged the buckets since they were laid out (or last unfused)."""
+        return self._unfused is not None
+
+    def unfuse(self) -> None:
+        """The buckets and their bound as they were before the first :meth:`fuse` (a plan trial
+        that kept its sizes, once its steps passing through had fused them; between steps, as
+        :meth:`fuse`)."""
+        with self._lock:
+            self._check_between_steps()
+            if self._unfused is None:
+                raise RuntimeError("unfuse: the buckets were not fused")
+            (layout, self.fusion_bytes), self._unfused = self._unfused, None
+            self.buckets = [Bucket(slots) for slots in layout]
+
+    def _check_between_steps(self) -> None:
+        if self._round_open or any(bucket.task is not None for bucket in self.buckets):
+            raise RuntimeError("buckets can only be fused again between steps, once every update was applied")
 
     # -- events from the framework --------------------------------------------------------------
     def gradient_ready(self, slot: ParamSlot) -> None:
