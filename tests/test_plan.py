@@ -215,7 +215,7 @@ def test_weighing_fuses_where_the_simulator_predicts_the_step_no_slower() -> Non
 def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where fused tasks are predicted to slow the step (communication starting later), a plan that
     stays out keeps the plugin's tasks, tells every rank so, and says why."""
-    monkeypatch.setattr(plan_module, "fusion_pays", lambda profile, cluster, bound: (False, 1.07))
+    monkeypatch.setattr(plan_module, "fusion_pays", lambda plan, profile, cluster, bound: (False, 1.07))
     ranks = BroadcastingRanks(0)
     plan = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True)
     assert plan.outcome is not None and plan.outcome.params == STAY_OUT and plan.outcome.fusion_bytes is None
@@ -246,8 +246,9 @@ def test_fusion_pays_where_communication_hides_behind_backward_and_not_where_it_
         return make_cluster(arch="allreduce", workers=2, bucket_bytes=0,
                             **NetworkCost(0.0002, large, 16_000_000).simulator_options("allreduce", 2))
 
-    assert fusion_pays(profile, cluster(0.016), 12_000_000)[0]
-    pays, ratio = fusion_pays(profile, cluster(0.080), 12_000_000)
+    fast, slow = cluster(0.016), cluster(0.080)
+    assert fusion_pays(make_plan(profile, fast), profile, fast, 12_000_000)[0]
+    pays, ratio = fusion_pays(make_plan(profile, slow), profile, slow, 12_000_000)
     assert not pays and ratio > 1 + FUSION_MARGIN
 
 

@@ -233,7 +233,7 @@ class StartupPlan(StartObserver):
             job = self._observed_job(network, start, end)
             started = time.perf_counter()
             plan = make_plan(job.profile, job.cluster, self._sized_margin(), self._pass_through_margin)
-            fusion, fusion_note = self._weigh_fusion(bound, job)
+            fusion, fusion_note = self._weigh_fusion(bound, job, plan)
             seconds = time.perf_counter() - started
         except Exception as exc:  # nothing observed, or the simulator refused the measurements
             return self._stay_out(f"no plan could be made: {exc}", bound)
@@ -247,7 +247,7 @@ class StartupPlan(StartObserver):
             summary += f"; {fusion_note}"
         return chosen, PASSES_THROUGH if plan.passes_through else STAYS_ON_PATH, fusion, summary, logging.INFO
 
-    def _weigh_fusion(self, bound: int | None, job: ObservedJob) -> tuple[int | None, str]:
+    def _weigh_fusion(self, bound: int | None, job: ObservedJob, plan: Plan) -> tuple[int | None, str]:
         """Rank 0: the fusion bound that goes with staying out, and the words that say so (empty:
         none). Weighing, the bound is kept only where the simulator predicts the observed step
         no slower in its tasks (:data:`~bytesched.sim.plan.FUSION_MARGIN`)."""
@@ -255,7 +255,7 @@ class StartupPlan(StartObserver):
             return None, ""
         if not self._weighs_fusion:
             return bound, _fused(bound)
-        pays, ratio = fusion_pays(job.profile, job.cluster, bound)
+        pays, ratio = fusion_pays(plan, job.profile, job.cluster, bound)
         if pays:
             return bound, f"{_fused(bound)} (predicted {ratio:.2f}x the time in the observed tasks)"
         return None, f"the observed tasks kept (fused up to {format_size(bound)}: predicted {ratio:.2f}x their time)"
