@@ -82,6 +82,27 @@ def test_each_configuration_gives_its_workers_the_bytesched_settings_it_names() 
             ["torch-horovod", "torch-distributed"]
 
 
+def test_bytescheds_stay_out_bucket_bound_is_scaled_like_ddps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scaled Transformer (6.4 % of the real sizes) gives DDP 1.6 MB buckets, and bytesched's
+    25 MB bound where it stays out scales alike; a bound the job fixed, or set, is its own."""
+    from benchmarks.emulated.torch_worker import scaled_settings
+    monkeypatch.delenv("BYTESCHED_STAY_OUT_FUSION_BYTES", raising=False)
+    assert scaled_settings(from_env({}), 0.064).stay_out_fusion_bytes == 1_600_000
+    fixed = from_env({"BYTESCHED_FUSION_BYTES": "1MB"})
+    assert scaled_settings(fixed, 0.064) is fixed
+    monkeypatch.setenv("BYTESCHED_STAY_OUT_FUSION_BYTES", "8MB")
+    chosen = from_env()
+    assert scaled_settings(chosen, 0.064).stay_out_fusion_bytes == 8_000_000
+    # The columns of the unscaled bound set it in their jobs' environment, which keeps it.
+    for name, scheduling in (("plan-25mb", True), ("policy-off-25mb", False)):
+        column = configuration(name)
+        monkeypatch.setenv("BYTESCHED_STAY_OUT_FUSION_BYTES", dict(column.env)["BYTESCHED_STAY_OUT_FUSION_BYTES"])
+        settings = scaled_settings(column.settings(from_env()), 0.064)
+        assert (settings.stay_out_fusion_bytes, settings.scheduling) == (25_000_000, scheduling)
+        assert [f for f, framework in FRAMEWORKS.items() if name in framework.configurations] == \
+            ["torch-horovod", "torch-distributed"]
+
+
 def test_rounds_rotate_and_batch_configurations_into_jobs() -> None:
     [group], _ = groups(["torch-horovod"], ["vgg16"], [GBIT], [2], ["vanilla", "autotune", "fifo", "p3"])
     plan = list(rounds(group, 3))
@@ -164,6 +185,20 @@ def test_merge_keeps_every_cell_once_the_latest_run_and_refuses_differently_scal
     assert [(s["group"]["run"], s["by"]) for s in merged["superseded"]] == [
         ("first", "third"), ("third", "fourth"), ("policies", "fourth")]
     assert [m["command"] for m in merged["sources"]] == ["first", "second", "policies", "third", "fourth"]
+    # A configuration measured again leaves the earlier group of its cell that had others too.
+    def runs(*configs: str) -> list[dict]:
+        return [{"config": c, "round": 0, "samples_per_second": 1.0} for c in configs]
+
+    older = part(0.1, "quarter", "torch-distributed", configs=("vanilla", "policy-off", "policy-off-1mb"))
+    older["groups"][0]["runs"] = runs("vanilla", "policy-off", "policy-off-1mb")
+    newer = part(0.1, "scaled", "torch-distributed", configs=("vanilla", "plan", "policy-off"))
+    newer["groups"][0]["runs"] = runs("vanilla", "plan", "policy-off")
+    merged = merge([older, newer])
+    assert [(g["run"], g["configs"], [r["config"] for r in g["runs"]]) for g in merged["groups"]] == [
+        ("quarter", ["vanilla", "policy-off-1mb"], ["vanilla", "policy-off-1mb"]),
+        ("scaled", ["vanilla", "plan", "policy-off"], ["vanilla", "plan", "policy-off"])]
+    assert [(s["group"]["run"], s["by"], s.get("configs")) for s in merged["superseded"]] == [
+        ("quarter", "scaled", ["policy-off"])]
     with pytest.raises(ValueError, match="'vgg16' was scaled differently"):
         merge([part(0.1, "first", "torch-horovod"), part(0.2, "second", "mxnet-ps")])
     # what can be reported together: the first file's scaling, in the order measured

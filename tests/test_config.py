@@ -114,6 +114,19 @@ def test_stay_out_path_is_one_of_three_and_needs_a_plan() -> None:
         Config(stay_out_path="never")
 
 
+def test_stay_out_fusion_bytes_is_a_size_and_refused_beside_a_fixed_fusion_bound() -> None:
+    """BYTESCHED_STAY_OUT_FUSION_BYTES bounds the buckets of a plugin that stays out (DDP's 25 MB
+    unset); BYTESCHED_FUSION_BYTES keeps its bound on every path, where the other would be
+    silently ignored, so the two together are refused naming both."""
+    assert from_env({}).stay_out_fusion_bytes == 25_000_000
+    assert from_env({"BYTESCHED_STAY_OUT_FUSION_BYTES": "1.6MB"}).stay_out_fusion_bytes == 1_600_000
+    with pytest.raises(ConfigError, match="BYTESCHED_STAY_OUT_FUSION_BYTES='big' is not a size"):
+        from_env({"BYTESCHED_STAY_OUT_FUSION_BYTES": "big"})
+    with pytest.raises(ConfigError, match="BYTESCHED_FUSION_BYTES keeps one fusion bound on every path, so "
+                                          "BYTESCHED_STAY_OUT_FUSION_BYTES"):
+        from_env({"BYTESCHED_STAY_OUT_FUSION_BYTES": "8MB", "BYTESCHED_FUSION_BYTES": "1MB"})
+
+
 def test_plan_trial_is_on_by_default_on_a_parameter_server_and_over_announced_cpu_all_reduces() -> None:
     """BYTESCHED_PLAN_TRIAL says whether a plan's sizes are timed against staying out (unset: on
     a parameter server and over an all-reduce that follows rank 0's announcements on the CPU, not

@@ -15,12 +15,12 @@ from typing import Any, Callable
 import pytest
 
 from bytesched.core import Config, ConfigError, SchedulingParams, from_env
-from bytesched.core.config import UNLIMITED
+from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED
 import bytesched.runtime.plan as plan_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
-from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_FUSION_BYTES, STAY_OUT_MIN_TASKS,
-                                    StartupPlan, wants_plan)
+from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
+                                    stay_out_fusion, wants_plan)
 from bytesched.sim import make_cluster, run
 from bytesched.sim.plan import FUSION_MARGIN, PASS_THROUGH_MARGIN, Plan, fused_profile, fusion_pays, make_plan
 
@@ -182,8 +182,9 @@ def _planned(rank: int, ranks: BroadcastingRanks, fusion_bytes: float | None, fi
     """A plan run through steps 0-2 (rank 0 observes eight 4 MB gradients); by default on a
     network whose every all-reduce costs 20 ms fixed, where it stays out of the way."""
     core = RecordingCore()
+    bound = None if fusion_bytes is None else stay_out_fusion(model_bytes, fusion_bytes, STAY_OUT_FUSION_BYTES)
     plan = StartupPlan(core, ranks, _timed(fixed, large), arch="allreduce", model_bytes=model_bytes,
-                       drain=lambda: None, fusion_bytes=fusion_bytes, weighs_fusion=weighs_fusion)
+                       drain=lambda: None, stay_out_bound=bound, weighs_fusion=weighs_fusion)
     plan.on_step(0)
     plan.on_step(1)
     if rank == 0:
@@ -199,16 +200,17 @@ def test_staying_out_fuses_the_plugins_gradients_into_larger_tasks() -> None:
     outcome = _planned(0, ranks, fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
     assert ranks.sent == [0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
-    assert outcome.summary.endswith("; gradients fused up to 25MB per task")
+    assert outcome.summary.endswith("; gradients fused into tasks filled to 25MB")
 
 
 def test_weighing_fuses_where_the_simulator_predicts_the_step_no_slower() -> None:
     """On the network whose every all-reduce costs 20 ms fixed and communication hides behind the
-    backward pass, fewer tasks are predicted no slower: the plan fuses and says what it predicted."""
+    backward pass, fewer tasks (the eight 4 MB gradients of a 32 MB model in pairs, a quarter of it
+    each, but the first) are predicted no slower: the plan fuses and says what it predicted."""
     ranks = BroadcastingRanks(0)
-    outcome = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True).outcome
-    assert outcome is not None and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
-    assert re.search(r"; gradients fused up to 25MB per task \(predicted \d\.\d\dx the time in the observed tasks\)$",
+    outcome = _planned(0, ranks, fusion_bytes=1_000_000, model_bytes=32_000_000, weighs_fusion=True).outcome
+    assert outcome is not None and outcome.fusion_bytes == 8_000_000
+    assert re.search(r"; gradients fused into tasks filled to 8MB \(predicted \d\.\d\dx the time in the observed tasks\)$",
                      outcome.summary), outcome.summary
 
 
@@ -220,11 +222,11 @@ def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch:
     plan = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True)
     assert plan.outcome is not None and plan.outcome.params == STAY_OUT and plan.outcome.fusion_bytes is None
     assert ranks.sent[2] == 0 and plan.stay_out_fusion is None
-    assert plan.outcome.summary.endswith("; the observed tasks kept (fused up to 25MB: predicted 1.07x their time)")
+    assert plan.outcome.summary.endswith("; the observed tasks kept (fused into tasks filled to 25MB: predicted 1.07x their time)")
 
 
 def test_fused_profile_merges_as_the_plugin_merges_its_buckets() -> None:
-    """The first layer stays alone, the others merge in runs of at most the bound; a merged layer's
+    """The first layer stays alone, the others merge in runs closed once they hold the bound; a merged layer's
     gradient is ready when its first member's is (the last in backward), one tensor of them all."""
     tasks = [ObservedTask(f"g{i}", 0.05 + 0.02 * i, 4_000_000) for i in range(8)]
     profile = measured_profile(tasks, start=0.0)
@@ -289,8 +291,8 @@ def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -
 def test_a_follower_fuses_as_rank0_said() -> None:
     outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.fusion_bytes == 25_000_000 and outcome.passes_through and outcome.measured
-    assert outcome.summary == ("rank 0's plan: no partitioning, no credit limit, gradients fused up to 25MB per "
-                               "task, passing through")
+    assert outcome.summary == ("rank 0's plan: no partitioning, no credit limit, gradients fused into tasks filled to "
+                               "25MB, passing through")
 
 
 def test_a_follower_hears_that_rank0_measured_nothing() -> None:

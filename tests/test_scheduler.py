@@ -7,7 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bytesched.core import SchedulingError, SchedulingParams, Scheduler, SubTask, UNLIMITED, split_elements
+from bytesched.core import (SchedulingError, SchedulingParams, Scheduler, SubTask, UNLIMITED, filled_runs, fusion_runs,
+                            split_elements)
 from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy, ps_order
 
 from coretools import BufferTask, VirtualDriver
@@ -146,6 +147,19 @@ def test_split_elements_edges() -> None:
 
 
 # ---- followers -------------------------------------------------------------------------------
+
+def test_fusion_runs_hold_at_most_the_bound_and_filled_runs_close_once_they_reach_it() -> None:
+    """The two fusion rules on 1 MB items under a 1.6 MB bound (DDP's scaled cap on the emulated
+    Transformer): at most the bound, no two items fit together; DDP's rule pairs them. A change of
+    kind cuts a run under either rule, and an item larger than the bound is alone only under the first."""
+    sizes = [1_000_000] * 5
+    assert fusion_runs(sizes, 1_600_000) == [[0], [1], [2], [3], [4]]
+    assert filled_runs(sizes, 1_600_000) == [[0, 1], [2, 3], [4]]
+    assert filled_runs(sizes, 1_600_000, kinds="aabbb") == [[0, 1], [2, 3], [4]]
+    assert filled_runs(sizes, 1_600_000, kinds="abbba") == [[0], [1, 2], [3], [4]]
+    assert fusion_runs([100, 5_000, 100], 1_000) == [[0], [1], [2]]
+    assert filled_runs([100, 5_000, 100], 1_000) == [[0, 1], [2]]
+
 
 def test_rank0_follower_starts_exactly_in_announced_order() -> None:
     leader = make_policy("bytescheduler", SchedulingParams(partition_bytes=8, credit_bytes=8))

@@ -141,17 +141,17 @@ def test_a_plan_that_cannot_be_measured_stays_out_of_the_way_with_a_warning(job:
 def test_a_plan_that_stays_out_on_a_gpu_fuses_every_ranks_buckets_alike(job: PlanLaunch) -> None:
     """The optimizer offers its fusion bound, unweighed, and its pass-through margin as on a GPU,
     the job predicts its path (BYTESCHED_STAY_OUT_PATH=predict), and the plan stays out: from step 2 every
-    rank keeps DeepMLP's first bucket and merges the other 15 into 4 of up to a quarter of the
-    model (5 in all), with the baseline's bits, and passes through although sizes were predicted
+    rank keeps DeepMLP's first bucket and merges the other 15 into 4, each closed once it holds a
+    quarter of the model (5 in all), with the baseline's bits, and passes through although sizes were predicted
     to gain 10 % (predicting on the CPU keeps bytesched's path; the 5 buckets are what passing
     through all-reduces over torch.distributed)."""
     agreed = job.agreed("fused")
     assert agreed["set_params"] == [STAY_OUT, STAY_OUT] and agreed["step"] == PLANNED_STEP
     assert (agreed["fusion"], agreed["buckets"]) == (DEEP_FUSION, 5) and agreed["passes_through"]
     assert job.reports("fused")[0]["summary"].endswith(
-        "; the best sizes predicted 1.10x; passing through; gradients fused up to 2.36544MB per task")
+        "; the best sizes predicted 1.10x; passing through; gradients fused into tasks filled to 2.36544MB")
     assert job.reports("fused")[1]["summary"] == ("rank 0's plan: no partitioning, no credit limit, "
-                                                  "gradients fused up to 2.36544MB per task, passing through")
+                                                  "gradients fused into tasks filled to 2.36544MB, passing through")
 
 
 @pytest.mark.multiproc

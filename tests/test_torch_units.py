@@ -311,10 +311,11 @@ def test_buckets_join_consecutive_parameters_of_one_kind_up_to_the_fusion_size(o
     assert [b.group for b in buckets] == [0, 0, 0, 1] and slots[3].bucket is buckets[0]
 
 
-def test_merged_buckets_join_consecutive_buckets_of_one_kind_up_to_the_larger_bound(one_rank_group: object) -> None:
+def test_merged_buckets_join_consecutive_buckets_of_one_kind_until_they_hold_the_larger_bound(
+        one_rank_group: object) -> None:
     """What a plan that stays out does to the agreed buckets: the first (p0) stays as it is, p1-p5
     (float32, group 0) join, the float64 bucket stays alone (another kind), and group 1 joins
-    nothing across the boundary."""
+    nothing across the boundary; under 250 bytes the run closes once p1-p4 hold 340 (DDP's rule)."""
     model = nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5), nn.Linear(50, 1), nn.Linear(5, 5).double(),
                           nn.Linear(5, 5))
     slots = [ParamSlot(f"p{i}", p, group=0 if i < 8 else 1, priority=i) for i, p in enumerate(model.parameters())]
@@ -323,7 +324,7 @@ def test_merged_buckets_join_consecutive_buckets_of_one_kind_up_to_the_larger_bo
     assert [b.name for b in merged] == ["p0", "p1+4", "p6+1", "p8+1"]
     assert [s.name for s in merged[1].slots] == [f"p{i}" for i in range(1, 6)] and slots[5].bucket is merged[1]
     assert slots[0].bucket is merged[0]
-    assert [b.name for b in merge_buckets(buckets, 250)] == ["p0", "p1+2", "p4+1", "p6+1", "p8+1"]
+    assert [b.name for b in merge_buckets(buckets, 250)] == ["p0", "p1+3", "p5", "p6+1", "p8+1"]
 
 
 def test_a_bucket_packs_its_gradients_and_unpacks_the_reduced_buffer_into_them() -> None:
@@ -387,18 +388,26 @@ def test_scheduling_off_over_torch_distributed_fuses_as_a_plan_that_stays_out(
 
 
 def test_a_plan_that_stays_out_fuses_on_a_gpu_and_where_the_buckets_pass_through() -> None:
-    """The fusion bound an optimizer offers its plan: not over Horovod on the CPU (Horovod fuses by
-    itself; the bound would shape only the Core's path), and never once the job fixed it."""
+    """The fusion bound an optimizer's buckets take where it stays out: not over Horovod on the CPU
+    (Horovod fuses by itself; the bound would shape only the Core's path), never once the job
+    fixed its bound, and otherwise BYTESCHED_STAY_OUT_FUSION_BYTES, at most a quarter of the model
+    (200 MB here: DDP's 25 MB by default, or the job's 2 MB)."""
     from types import SimpleNamespace
 
-    from bytesched.plugins.torch.optimizer import _plan_fusion
+    from bytesched.plugins.torch.optimizer import _stay_out_bound
     horovod, distributed = SimpleNamespace(fuses_by_itself=True), SimpleNamespace(fuses_by_itself=False)
     config = dataclasses.replace(from_env(), fusion_bytes=1_000_000)
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert [_plan_fusion(config, cpu, horovod), _plan_fusion(config, gpu, horovod),  # type: ignore[arg-type]
-            _plan_fusion(config, cpu, distributed)] == [None, 1_000_000, 1_000_000]  # type: ignore[arg-type]
+    model = 200_000_000
+    assert [_stay_out_bound(config, cpu, horovod, model), _stay_out_bound(config, gpu, horovod, model),  # type: ignore[arg-type]
+            _stay_out_bound(config, cpu, distributed, model)] == [None, 25_000_000, 25_000_000]  # type: ignore[arg-type]
+    assert _stay_out_bound(config, cpu, distributed, 20_000_000) == 5_000_000  # type: ignore[arg-type]
+    capped = from_env({"BYTESCHED_STAY_OUT_FUSION_BYTES": "2MB"})
+    assert _stay_out_bound(capped, gpu, distributed, model) == 2_000_000  # type: ignore[arg-type]
+    assert _stay_out_bound(dataclasses.replace(capped, stay_out_fusion_bytes=500_000), gpu, distributed,  # type: ignore[arg-type]
+                           model) is None  # not above the 1 MB buckets: they stay as they are
     fixed = dataclasses.replace(config, fusion_fixed=True)
-    assert _plan_fusion(fixed, gpu, distributed) is None  # type: ignore[arg-type]
+    assert _stay_out_bound(fixed, gpu, distributed, model) is None  # type: ignore[arg-type]
 
 
 def test_fusing_again_between_steps_keeps_training_bit_for_bit(one_rank_group: object) -> None:

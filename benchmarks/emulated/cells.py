@@ -42,7 +42,8 @@ class Framework:
 _ALLREDUCE = ("vanilla", "bytescheduler", "plan", "plan-untried", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
               "off", "policy-off", "fifo", "p3", "prophet")
 # The path trial and the bucket layout are the PyTorch plugin's.
-_TORCH = (*_ALLREDUCE, "plan-measured", "plan-predicted", "plan-1mb", "policy-off-1mb")
+_TORCH = (*_ALLREDUCE, "plan-measured", "plan-predicted", "plan-1mb", "policy-off-1mb", "plan-25mb",
+          "policy-off-25mb")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("torch-horovod", "torch_worker", "horovod", "horovod", "allreduce", False,
               ("vanilla", "autotune", *_TORCH[1:]), fuses=True),

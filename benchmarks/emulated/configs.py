@@ -69,7 +69,9 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "the files of the tried sizes there on, where a tried plan needs a 1.05x prediction, an untried "
                   "one 1.25x); on the PyTorch stacks, where the plan "
                   "stays out, six steps through the Core and six passing through, and the faster path is kept "
-                  "(from revision 0f4ca93 on; before it only on a GPU); the timed steps come after it",
+                  "(from revision 0f4ca93 on; before it only on a GPU); the timed steps come after it; over "
+                  "torch.distributed the buckets of a plan that stays out filled to DDP's bucket cap scaled like the "
+                  "model from the files of the scaled bound on (a quarter of the model, each at most that, before)",
                   policy="bytescheduler", simulated_as="bytescheduler", plan=True),
     Configuration("plan-untried", "bytesched with no settings but BYTESCHED_PLAN_TRIAL=0: the start-up plan's "
                   "sizes are kept as predicted, untried", policy="bytescheduler", simulated_as="bytescheduler",
@@ -89,6 +91,11 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
                   "the start-up plan stays out over torch.distributed, the 1 MB buckets it kept before revision "
                   "bfa5135 instead of a quarter of the model", policy="bytescheduler", simulated_as="bytescheduler",
                   plan=True, env=(("BYTESCHED_FUSION_BYTES", "1MB"),)),
+    Configuration("plan-25mb", "bytesched with no settings but BYTESCHED_STAY_OUT_FUSION_BYTES=25MB (PyTorch "
+                  "only): where the start-up plan stays out, buckets filled to 25 MB unscaled (on the 24 MB scaled "
+                  "models, a quarter of the model) instead of DDP's bucket cap scaled like the model, which `plan` "
+                  "gets from the files of the scaled bound on", policy="bytescheduler", simulated_as="bytescheduler",
+                  plan=True, env=(("BYTESCHED_STAY_OUT_FUSION_BYTES", "25MB"),)),
     Configuration("bytescheduler-fit", "bytesched, bytescheduler policy, 512 KB partitions / 4 MB credit: the "
                   "best of eight sizes in a sweep of the MXNet PS VGG16 cell at 1 Gbit/s, one run each "
                   "(docs/benchmarks.md); the defaults suit 10-100 Gbit/s, and at 1 Gbit/s a 16 MB credit "
@@ -122,11 +129,17 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
     Configuration("policy-off", "bytesched with BYTESCHED_POLICY=off: every gradient on the framework's own "
-                  "path from the first step (no plan, no Core in the way)", policy="fifo", scheduling=False),
+                  "path from the first step (no plan, no Core in the way); over torch.distributed its buckets filled to "
+                  "DDP's bucket cap scaled like the model from the files of the scaled bound on (a quarter of the "
+                  "model, each at most that, before)", policy="fifo", scheduling=False),
     Configuration("policy-off-1mb", "bytesched with BYTESCHED_POLICY=off and BYTESCHED_FUSION_BYTES=1MB "
                   "(PyTorch only): over torch.distributed, the 1 MB buckets it passed through before revision "
                   "bfa5135 instead of a quarter of the model", policy="fifo", scheduling=False,
                   env=(("BYTESCHED_FUSION_BYTES", "1MB"),)),
+    Configuration("policy-off-25mb", "bytesched with BYTESCHED_POLICY=off and BYTESCHED_STAY_OUT_FUSION_BYTES=25MB "
+                  "(PyTorch only): over torch.distributed, buckets filled to 25 MB unscaled (a quarter of the "
+                  "scaled model) instead of DDP's bucket cap scaled like the model", policy="fifo", scheduling=False,
+                  env=(("BYTESCHED_STAY_OUT_FUSION_BYTES", "25MB"),)),
     Configuration("fifo", "bytesched, fifo policy", policy="fifo", simulated_as="fifo"),
     Configuration("p3", "bytesched, p3 policy (160 KB slices, one in flight)", policy="p3", simulated_as="p3"),
     Configuration("prophet", "bytesched, prophet policy", policy="prophet", simulated_as="prophet"),

@@ -414,7 +414,8 @@ def _runs(results: dict[str, Any]) -> list[str]:
     for item in results.get("not_run", []):
         lines.append(f"- Not run: `{item['config']}` on {item['framework']}: {item['reason']}")
     for item in results.get("superseded", []):
-        lines.append(f"- Measured again: {group_title(item['group'])}; the table shows the later run, of "
+        again = "" if "configs" not in item else " (" + ", ".join(f"`{c}`" for c in item["configs"]) + ")"
+        lines.append(f"- Measured again: {group_title(item['group'])}{again}; the table shows the later run, of "
                      f"`{item['by']}` (the earlier one stays in its file).")
     lines += ["", "## Targets, group by group", "", *targets(results), ""]
     return lines

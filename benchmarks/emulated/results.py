@@ -104,7 +104,9 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     measured again by a later file replaces every earlier group of that cell whose configurations
     it all has (in the place of the first of them), and those are listed in ``superseded`` (a
     cell is re-measured after a change that affects it; both stay on record in their files).
-    Groups of one cell with other configurations (e.g. the policies measured apart) are kept.
+    Groups of one cell with other configurations (e.g. the policies measured apart) are kept,
+    less the configurations the later file measured again (those are listed in ``superseded``
+    too, with ``configs``): every configuration of a cell is reported from its latest run.
     Files are taken in the order they were measured (``meta.started``), whatever order they are
     given in.
     """
@@ -120,6 +122,11 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             kept = merged["groups"]
             replaced = [i for i, old in enumerate(kept) if _replaces(group, old)]
             merged["superseded"] += [{"group": kept[i], "by": part["meta"]["command"]} for i in replaced]
+            for i, old in enumerate(kept):
+                again = _measured_again(group, old) if i not in replaced else set()
+                if again:
+                    merged["superseded"].append({"group": old, "by": part["meta"]["command"], "configs": sorted(again)})
+                    kept[i] = _without(old, again)
             if not replaced:
                 kept.append(group)
                 continue
@@ -149,8 +156,24 @@ def families(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [files for _, files in found]
 
 
+_CELL = ("framework", "model", "bits_per_second", "ranks")
+
+
 def _replaces(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     """``later`` measured ``earlier``'s cell again, with every configuration it had."""
-    cell = ("framework", "model", "bits_per_second", "ranks")
-    return (all(later[k] == earlier[k] for k in cell)
+    return (all(later[k] == earlier[k] for k in _CELL)
             and set(earlier.get("configs", ())) <= set(later.get("configs", ())))
+
+
+def _measured_again(later: dict[str, Any], earlier: dict[str, Any]) -> set[str]:
+    """The configurations of ``earlier`` (but the baseline, which its others are measured against)
+    that ``later`` measured again in the same cell."""
+    if not all(later[k] == earlier[k] for k in _CELL):
+        return set()
+    return (set(earlier.get("configs", ())) & set(later.get("configs", ()))) - {BASELINE}
+
+
+def _without(group: dict[str, Any], configs: set[str]) -> dict[str, Any]:
+    """A copy of ``group`` without ``configs`` and their runs."""
+    return {**group, "configs": [c for c in group["configs"] if c not in configs],
+            "runs": [run for run in group.get("runs", []) if run["config"] not in configs]}

@@ -4,10 +4,10 @@ Core thread, configuration, the rank-0 channel and the timeline. Imports no fram
 from .config import OFF, Config, ConfigError, SchedulingParams, UNLIMITED, from_env, parse_size
 from .core import Core, CoreShutdownError, get_core, init, shutdown
 from .scheduler import Scheduler, SchedulingError, Stats
-from .task import CommTask, SubTask, fusion_runs, split_elements
+from .task import CommTask, SubTask, filled_runs, fusion_runs, split_elements
 
 __all__ = [
     "OFF", "Config", "ConfigError", "SchedulingParams", "UNLIMITED", "from_env", "parse_size",
     "Core", "CoreShutdownError", "get_core", "init", "shutdown",
-    "Scheduler", "SchedulingError", "Stats", "CommTask", "SubTask", "fusion_runs", "split_elements",
+    "Scheduler", "SchedulingError", "Stats", "CommTask", "SubTask", "filled_runs", "fusion_runs", "split_elements",
 ]

@@ -33,6 +33,18 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 UNLIMITED = math.inf
 """Partition or credit size meaning "no limit" (accepted in the environment as ``inf``)."""
+STAY_OUT_FUSION_BYTES = 25_000_000
+"""Where the start-up plan stays out of the way (or scheduling is off), a plugin that offers its
+fusion bound gets this one by default (DistributedDataParallel's ``bucket_cap_mb``), or a quarter
+of the model if that is smaller (:func:`bytesched.runtime.plan.stay_out_fusion`), and fills its
+tasks to it as DDP fills its buckets (:func:`bytesched.core.task.filled_runs`). With nothing to
+schedule, small tasks buy a little earlier communication, which the simulator credits, and cost
+bytesched's own work and the library's per collective, which it does not model. On one H200
+shared by two ranks over Gloo, crossing the barrier ran at 0.76x DDP's speed on ResNet50 (66 tasks
+of up to 1 MB) and 0.95x with tasks of up to 25 MB (5 tasks); passing through over
+torch.distributed on 4 emulated CPU ranks, tasks of a quarter of the model (5) cost rank 0
+0.91x-1.06x of DDP's CPU per step where 1 MB tasks (18-23) cost 1.13x-1.47x, mostly in Gloo's
+threads (``BYTESCHED_STAY_OUT_FUSION_BYTES`` sets another)."""
 
 _UNITS = {
     "": 1, "b": 1,
@@ -111,6 +123,10 @@ class Config:
     """Keep ``fusion_bytes`` even where the start-up plan stays out of the way (which fuses the
     PyTorch plugin's tasks into larger buckets): :func:`from_env` sets it when
     ``BYTESCHED_FUSION_BYTES`` is given."""
+    stay_out_fusion_bytes: float = STAY_OUT_FUSION_BYTES
+    """Where the PyTorch plugin stays out of the way, each task it merges its buckets into is closed
+    once it holds this many bytes, as DDP fills its buckets (:data:`STAY_OUT_FUSION_BYTES`), unless
+    ``fusion_fixed``."""
     channel_host: str = "127.0.0.1"
     channel_port: int | None = None  # None: rank 0 picks a free port and the plugin shares it
     channel_timeout_s: float = 60.0
@@ -291,7 +307,13 @@ VARIABLES: tuple[Variable, ...] = (
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "
              "Unset, where the PyTorch plugin stays out of the way (a start-up plan, or BYTESCHED_POLICY=off) "
-             "on a GPU or over torch.distributed, it fuses them up to 25MB (at most a quarter of the model)."),
+             "on a GPU or over torch.distributed, it fuses them further, as BYTESCHED_STAY_OUT_FUSION_BYTES says."),
+    Variable("BYTESCHED_STAY_OUT_FUSION_BYTES", "stay_out_fusion_bytes", _size, "25MB",
+             "Where the PyTorch plugin stays out of the way (a start-up plan, or BYTESCHED_POLICY=off) on a GPU "
+             "or over torch.distributed, it merges consecutive buckets into tasks, each closed once it holds this "
+             "many bytes (at most a quarter of the model; the first bucket, which backward fills last, is kept "
+             "as it is): DistributedDataParallel's bucket_cap_mb and its rule, and its default. Cannot be combined "
+             "with BYTESCHED_FUSION_BYTES, which keeps one bound on every path."),
     Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + f"; or {OFF}: no scheduling, every plugin hands its "
              "gradients to the framework's own path from the first step (no start-up plan, sizes or tuning)."),
@@ -425,6 +447,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
     if values.get("policy") == OFF:
         values.update(policy="fifo", scheduling=False, plan=False)
     values["fusion_fixed"] = "fusion_bytes" in values
+    if values["fusion_fixed"] and "stay_out_fusion_bytes" in values:
+        raise ConfigError("BYTESCHED_FUSION_BYTES keeps one fusion bound on every path, so "
+                          "BYTESCHED_STAY_OUT_FUSION_BYTES (the bound where the plugin stays out of the way) "
+                          "would never apply: set only one of them")
     if "plan_trial" in values and not values["plan"]:
         raise ConfigError(f"BYTESCHED_PLAN_TRIAL={int(values['plan_trial'])} chooses whether a start-up plan's sizes "
                           "are tried, and this job has no plan (BYTESCHED_PLAN=0, a size set, or "

@@ -21,9 +21,9 @@ baseline by more than two drains. The operation timed is the backend's per-tenso
 all-reduce, or a parameter server's push+pull. Rank 0's choice travels in the backend's own
 broadcast, a collective every rank calls at the same step boundary (a parameter server's, over
 the rank-0 channel: :mod:`.channel_ranks`), so every rank applies the same sizes before any
-CommTask of the next step exists. Where the plan stays out, a plugin that offered its fusion bound
-(PyTorch on a GPU and over torch.distributed) is told in the same broadcast to fuse its gradients
-into larger tasks (:data:`STAY_OUT_FUSION_BYTES`), where asked to weigh it only if the simulator
+CommTask of the next step exists. Where the plan stays out, a plugin that offered a larger fusion
+bound (PyTorch on a GPU and over torch.distributed: :func:`stay_out_fusion`) is told in the same
+broadcast to fuse its gradients into larger tasks, where asked to weigh it only if the simulator
 predicts the observed step no slower in them (:func:`bytesched.sim.plan.fusion_pays`). A measurement or simulation that fails leaves the job where it
 is, staying out of the way, with a warning naming the reason: never a hang (every operation is a
 collective that every rank calls, bounded by the backend's own timeouts or the channel's) and
@@ -84,20 +84,10 @@ KEEP_FUSION_CODE = 0
 STAYS_ON_PATH, PASSES_THROUGH, PASSES_THROUGH_UNMEASURED = range(3)
 """How "stay on bytesched's path", "pass through" and "pass through, nothing was measured" travel
 in the integer broadcast (:attr:`PlanOutcome.passes_through`, :attr:`PlanOutcome.measured`)."""
-STAY_OUT_FUSION_BYTES = 25_000_000
-"""Where the plan stays out of the way, a plugin that offers its fusion bound gets this one
-(DistributedDataParallel's bucket size), or :data:`STAY_OUT_MIN_TASKS`' share of the model if that
-is smaller (:func:`stay_out_fusion`). With nothing to schedule, small tasks buy a little earlier
-communication, which the simulator credits, and cost bytesched's own work and the library's per
-collective, which it does not model. On one H200 shared by two ranks over Gloo, crossing the
-barrier ran at 0.76x DDP's speed on ResNet50 (66 tasks of up to 1 MB) and 0.95x with tasks of up
-to 25 MB (5 tasks). Where the CPU computes and communicates (the emulated benchmark, ResNet50
-scaled to 24 MB) one task lost all overlap (0.65x-0.84x of DDP); passing through over
-torch.distributed on 4 ranks, tasks of a quarter of the model (5) cost rank 0 0.91x-1.06x of DDP's
-CPU per step where 1 MB tasks (18-23) cost 1.13x-1.47x, mostly in Gloo's threads."""
 STAY_OUT_MIN_TASKS = 4
-"""The fewest tasks a plan that stays out fuses a model into, so that communication still starts
-before the backward pass ends (DDP starts its first bucket at 1 MB for the same reason)."""
+"""A plan that stays out closes each task it fuses at this share of the model at the latest, so
+that a small model still makes several tasks and communication starts before the backward pass
+ends (DDP starts its first bucket at 1 MB for the same reason)."""
 
 
 
@@ -145,11 +135,10 @@ class StartupPlan(StartObserver):
     Args:
         core, ranks, operation, arch, model_bytes, drain, servers, bigarray_bound: what the
             observation needs (:class:`~.start_observer.StartObserver`).
-        fusion_bytes: the plugin's fusion bound, where the plan may raise it (a plugin that
-            fuses gradients into tasks and can re-fuse them at the plan's step); None: it may not.
-            A plan that stays out of the way raises it to :data:`STAY_OUT_FUSION_BYTES`, at most
-            a :data:`STAY_OUT_MIN_TASKS`-th of ``model_bytes``.
-        weighs_fusion: it raises the bound only where the simulator predicts the observed step
+        stay_out_bound: the fusion bound a plan that stays out of the way gives the plugin
+            (:func:`stay_out_fusion`: a plugin that fuses gradients into tasks and can re-fuse
+            them at the plan's step); None: the plugin keeps its tasks.
+        weighs_fusion: it raises the plugin's bound only where the simulator predicts the observed step
             no slower in the fused tasks (:func:`bytesched.sim.plan.fusion_pays`); else wherever
             the bound would fuse.
         pass_through_margin: the predicted gain of the best sized candidate below which a plan
@@ -161,12 +150,12 @@ class StartupPlan(StartObserver):
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
                  drain: Callable[[], None], servers: int | None = None,
-                 bigarray_bound: int | None = None, fusion_bytes: float | None = None,
+                 bigarray_bound: int | None = None, stay_out_bound: int | None = None,
                  pass_through_margin: float = PASS_THROUGH_MARGIN, tries_sizes: bool = False,
                  weighs_fusion: bool = False) -> None:
         super().__init__(core, ranks, operation, arch=arch, model_bytes=model_bytes, drain=drain,
                          servers=servers, bigarray_bound=bigarray_bound)
-        self._fusion_bytes = fusion_bytes
+        self._stay_out_bound = stay_out_bound
         self._pass_through_margin = pass_through_margin
         self._weighs_fusion = weighs_fusion
         self.tries_sizes = tries_sizes
@@ -226,7 +215,7 @@ class StartupPlan(StartObserver):
         """Rank 0: the sizes to broadcast, whether to pass through (one of :data:`STAYS_ON_PATH`,
         :data:`PASSES_THROUGH`, :data:`PASSES_THROUGH_UNMEASURED`), the fusion bound that goes with
         staying out, the line that says why and the level to log it at."""
-        bound = None if self._fusion_bytes is None else stay_out_fusion(self._model_bytes, self._fusion_bytes)
+        bound = self._stay_out_bound
         if network is None:
             return self._stay_out(failure, bound)
         try:
@@ -258,7 +247,7 @@ class StartupPlan(StartObserver):
         pays, ratio = fusion_pays(plan, job.profile, job.cluster, bound)
         if pays:
             return bound, f"{_fused(bound)} (predicted {ratio:.2f}x the time in the observed tasks)"
-        return None, f"the observed tasks kept (fused up to {format_size(bound)}: predicted {ratio:.2f}x their time)"
+        return None, f"the observed tasks kept (fused into tasks filled to {format_size(bound)}: predicted {ratio:.2f}x their time)"
 
     def _sized_margin(self) -> float:
         """The predicted gain a sized plan needs over staying out of the way on this backend."""
@@ -270,7 +259,7 @@ class StartupPlan(StartObserver):
 
     @staticmethod
     def _stay_out(reason: str, fusion: int | None) -> tuple[SchedulingParams, int, int | None, str, int]:
-        """Nothing to plan from: as the job would run without bytesched (in tasks fused up to
+        """Nothing to plan from: as the job would run without bytesched (in tasks filled to
         ``fusion``, unweighed)."""
         summary = f"staying out of the way (no partitioning, no credit limit): {reason}; passing through"
         if fusion is not None:
@@ -291,13 +280,13 @@ def _decode(value: int) -> float:
     return UNLIMITED if value == UNLIMITED_CODE else value
 
 
-def stay_out_fusion(model_bytes: int, fusion_bytes: float) -> int | None:
-    """The fusion bound of a plugin that stays out of the way with ``fusion_bytes`` now
-    (:data:`STAY_OUT_FUSION_BYTES`, at most a :data:`STAY_OUT_MIN_TASKS`-th of ``model_bytes``);
-    None where that would not fuse further."""
-    bound = min(STAY_OUT_FUSION_BYTES, model_bytes // STAY_OUT_MIN_TASKS)
+def stay_out_fusion(model_bytes: int, fusion_bytes: float, cap: float) -> int | None:
+    """The fusion bound of a plugin that stays out of the way with ``fusion_bytes`` now: ``cap``
+    (``BYTESCHED_STAY_OUT_FUSION_BYTES``, :data:`bytesched.core.config.STAY_OUT_FUSION_BYTES` by default), at most a
+    :data:`STAY_OUT_MIN_TASKS`-th of ``model_bytes``; None where that would not fuse further."""
+    bound = int(min(cap, model_bytes // STAY_OUT_MIN_TASKS))
     return bound if bound > fusion_bytes else None
 
 
 def _fused(fusion_bytes: float) -> str:
-    return f"gradients fused up to {format_size(fusion_bytes)} per task"
+    return f"gradients fused into tasks filled to {format_size(fusion_bytes)}"

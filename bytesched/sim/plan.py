@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.config import UNLIMITED, SchedulingParams
-from ..core.task import fusion_runs
+from ..core.task import filled_runs
 from .cluster import Cluster
 from .profile import Layer, ModelProfile, Tensor
 from .simulator import run
@@ -120,12 +120,12 @@ def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_
 def fused_profile(profile: ModelProfile, fusion_bytes: float) -> ModelProfile:
     """``profile`` with its layers merged as a plugin merges its tasks' buckets
     (:func:`bytesched.plugins.torch.fusion.merge_buckets`): the first layer alone, then runs of
-    consecutive layers holding at most ``fusion_bytes`` together (a larger one alone). A merged
+    consecutive layers each closed once it holds ``fusion_bytes`` (:func:`~bytesched.core.filled_runs`). A merged
     layer computes its members' time and sends one tensor, ready when the last of theirs is
     (its first member's, in backward order)."""
     first, rest = profile.layers[0], profile.layers[1:]
     merged = [first]
-    for indices in fusion_runs([layer.nbytes for layer in rest], fusion_bytes):
+    for indices in filled_runs([layer.nbytes for layer in rest], fusion_bytes):
         members = [rest[index] for index in indices]
         name = members[0].name if len(members) == 1 else f"{members[0].name}+{len(members) - 1}"
         merged.append(Layer(name, forward=sum(layer.forward for layer in members),

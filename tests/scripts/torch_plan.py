@@ -80,7 +80,7 @@ SET_PARAMS: list[list[str]] = []
 LAYOUTS: list[int] = []  # the optimizer's number of buckets after each fuse() or unfuse()
 _set_params = Core.set_params
 measure_network = observer_module.measure_network
-plan_fusion = optimizer_module._plan_fusion
+stay_out_bound = optimizer_module._stay_out_bound
 pass_through_margin = optimizer_module._pass_through_margin
 weighs_fusion = optimizer_module._weighs_fusion
 
@@ -137,7 +137,7 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     margin = {**TRIAL_MARGINS, **SIZED_TRIAL_MARGINS}.get(case)
     path_trial_module.CORE_MARGIN = CORE_MARGIN if margin is None else margin
     observer_module.measure_network = failing_network if case in ("failed", "reuse", "late") else measure_network  # type: ignore[assignment]
-    optimizer_module._plan_fusion = offering_fusion if case == "fused" else plan_fusion  # type: ignore[assignment]
+    optimizer_module._stay_out_bound = gpu_stay_out_bound if case == "fused" else stay_out_bound  # type: ignore[assignment]
     optimizer_module._pass_through_margin = (  # type: ignore[assignment]
         gpu_pass_through_margin if case == "fused" else pass_through_margin)
     optimizer_module._weighs_fusion = (  # type: ignore[assignment]
@@ -164,9 +164,9 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
         train_once(flavor, backend, report, case, expected)
 
 
-def offering_fusion(config: Any, device: torch.device, backend: Any) -> float:
-    """The optimizer's offer of its fusion bound, as on a GPU, here on the CPU."""
-    return config.fusion_bytes
+def gpu_stay_out_bound(config: Any, device: torch.device, backend: Any, model_bytes: int) -> int | None:
+    """The optimizer's stay-out fusion bound as on a GPU, here on the CPU."""
+    return stay_out_bound(config, torch.device("cuda"), backend, model_bytes)
 
 
 def gpu_pass_through_margin(config: Any, device: torch.device) -> float:

@@ -132,8 +132,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                    planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
         if not config.scheduling:  # as a plan that stays out: passing through, in the buckets it would fuse
-            offered = None if backend.fuses_by_itself else _plan_fusion(config, device, backend)
-            fusion = None if offered is None else stay_out_fusion(model_bytes, offered)
+            fusion = None if backend.fuses_by_itself else _stay_out_bound(config, device, backend, model_bytes)
             if fusion is not None:
                 self._fuse(fusion)
             self._pass_through(SCHEDULING_OFF)
@@ -345,7 +344,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         tries_sizes = wants_trial(config, "allreduce", announced_on_cpu) and \
             (backend.order != "rank0" or self._alone_on_core())
         return self._observer(StartupPlan, backend, model_bytes, device,
-                              fusion_bytes=_plan_fusion(config, device, backend), weighs_fusion=_weighs_fusion(device),
+                              stay_out_bound=_stay_out_bound(config, device, backend, model_bytes),
+                              weighs_fusion=_weighs_fusion(device),
                               pass_through_margin=_pass_through_margin(config, device), tries_sizes=tries_sizes)
 
     def _observer(self, kind: type[Observer], backend: Backend, model_bytes: int, device: torch.device,
@@ -567,10 +567,11 @@ def _check_one_path(core: Core, backend: Backend, passing: bool) -> None:
                            "BYTESCHED_PLAN=0")
 
 
-def _plan_fusion(config: Config, device: torch.device, backend: Backend) -> float | None:
-    """The fusion bound this optimizer lets a plan that stays out raise, unless the job set one:
-    on a GPU, and wherever passing through all-reduces bytesched's buckets (torch.distributed)
-    (:data:`bytesched.runtime.plan.STAY_OUT_FUSION_BYTES`). On a GPU bytesched's work per task
+def _stay_out_bound(config: Config, device: torch.device, backend: Backend, model_bytes: int) -> int | None:
+    """The fusion bound this optimizer's buckets take where it stays out of the way, unless the job
+    set one (None: they stay as they are): on a GPU, and wherever passing through all-reduces
+    bytesched's buckets (torch.distributed), up to ``BYTESCHED_STAY_OUT_FUSION_BYTES``
+    (:func:`bytesched.runtime.plan.stay_out_fusion`). On a GPU bytesched's work per task
     competes with the training thread's kernel launches, and fewer tasks were measured to pay.
     Over torch.distributed each bucket is one collective, whose cost in Gloo's threads fewer
     buckets save: on 4 emulated CPU ranks at 2.5-10 Gbit/s, passing through in 1 MB buckets cost
@@ -579,7 +580,7 @@ def _plan_fusion(config: Config, device: torch.device, backend: Backend) -> floa
     path, whose 1 MB tasks the path trial kept in 27 of 28 runs there (1.05x-1.25x)."""
     if config.fusion_fixed or (device.type != "cuda" and backend.fuses_by_itself):
         return None
-    return config.fusion_bytes
+    return stay_out_fusion(model_bytes, config.fusion_bytes, config.stay_out_fusion_bytes)
 
 
 def _weighs_fusion(device: torch.device) -> bool:
