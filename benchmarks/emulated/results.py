@@ -159,16 +159,19 @@ def families(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 _CELL = ("framework", "model", "bits_per_second", "ranks")
 
 
+def _same_cell(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
+    return all(later[k] == earlier[k] for k in _CELL)
+
+
 def _replaces(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     """``later`` measured ``earlier``'s cell again, with every configuration it had."""
-    return (all(later[k] == earlier[k] for k in _CELL)
-            and set(earlier.get("configs", ())) <= set(later.get("configs", ())))
+    return _same_cell(later, earlier) and set(earlier.get("configs", ())) <= set(later.get("configs", ()))
 
 
 def _measured_again(later: dict[str, Any], earlier: dict[str, Any]) -> set[str]:
     """The configurations of ``earlier`` (but the baseline, which its others are measured against)
     that ``later`` measured again in the same cell."""
-    if not all(later[k] == earlier[k] for k in _CELL):
+    if not _same_cell(later, earlier):
         return set()
     return (set(earlier.get("configs", ())) & set(later.get("configs", ()))) - {BASELINE}
 

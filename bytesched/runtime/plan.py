@@ -215,7 +215,7 @@ class StartupPlan(StartObserver):
         """Rank 0: the sizes to broadcast, whether to pass through (one of :data:`STAYS_ON_PATH`,
         :data:`PASSES_THROUGH`, :data:`PASSES_THROUGH_UNMEASURED`), the fusion bound that goes with
         staying out, the line that says why and the level to log it at."""
-        bound = self._stay_out_bound
+        bound = self._stay_out_bound  # where the plan stays out: what the plugin fuses to, or None
         if network is None:
             return self._stay_out(failure, bound)
         try:

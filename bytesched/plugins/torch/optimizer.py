@@ -436,13 +436,13 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._fusion_follows_plan and _planned_fusion.get(self._core, bound) != bound
 
     def _fuse(self, fusion_bytes: float) -> None:
-        """Merge this optimizer's buckets up to ``fusion_bytes``, once its updates have landed.
+        """Merge this optimizer's buckets into tasks filled to ``fusion_bytes``, once its updates have landed.
         Every rank does so at the same step: the plan's step for the optimizer that planned, the
         next one for others on the Core (every rank runs its optimizers' steps in the same order)."""
         self._pipeline.wait_applied()
         before = len(self._pipeline.buckets)
         self._pipeline.fuse(fusion_bytes)
-        log.debug("bytesched: %d buckets fused into %d of up to %s", before, len(self._pipeline.buckets),
+        log.debug("bytesched: %d buckets fused into %d, each filled to %s", before, len(self._pipeline.buckets),
                   format_size(fusion_bytes))
 
     def _alone_on_core(self) -> bool:
@@ -570,7 +570,7 @@ def _check_one_path(core: Core, backend: Backend, passing: bool) -> None:
 def _stay_out_bound(config: Config, device: torch.device, backend: Backend, model_bytes: int) -> int | None:
     """The fusion bound this optimizer's buckets take where it stays out of the way, unless the job
     set one (None: they stay as they are): on a GPU, and wherever passing through all-reduces
-    bytesched's buckets (torch.distributed), up to ``BYTESCHED_STAY_OUT_FUSION_BYTES``
+    bytesched's buckets (torch.distributed), ``BYTESCHED_STAY_OUT_FUSION_BYTES``
     (:func:`bytesched.runtime.plan.stay_out_fusion`). On a GPU bytesched's work per task
     competes with the training thread's kernel launches, and fewer tasks were measured to pay.
     Over torch.distributed each bucket is one collective, whose cost in Gloo's threads fewer

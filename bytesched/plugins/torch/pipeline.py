@@ -175,7 +175,7 @@ class UpdatePipeline:
         return [bucket.name for bucket in backward_order(self.buckets)]
 
     def fuse(self, fusion_bytes: float) -> None:
-        """Merge consecutive buckets up to ``fusion_bytes`` each (a plan's word, at a step
+        """Merge consecutive buckets into tasks filled to ``fusion_bytes`` (a plan's word, at a step
         boundary once every update has been applied: no bucket may have a task then)."""
         with self._lock:
             self._check_between_steps()
