@@ -1,10 +1,10 @@
 """``python -m benchmarks overhead``: what bytesched costs per tensor, with and without tensor fusion.
 
 A model of many small tensors (``--layers`` dense layers of ``--width`` x ``--width``: two tensors
-each) and almost no compute is trained on 2 ranks over the unshaped loopback, so the step time is
-the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. The stacks:
+each) and almost no compute is trained on ``--ranks`` ranks (default 2) over the unshaped loopback,
+so the step time is the frameworks' and bytesched's fixed costs per tensor, not bytes or arithmetic. The stacks:
 ``mxnet`` and ``torch`` over Horovod, ``torch-distributed`` (torchrun, Gloo) and ``mxnet-ps`` (a
-``dist_sync`` KVStore, 2 workers and 2 servers under ``bytesched launch``, the optimizer on the
+``dist_sync`` KVStore, as many servers as workers under ``bytesched launch``, the optimizer on the
 servers). Each round runs one job per mode, in turn: ``plain`` (Horovod's DistributedOptimizer
 alone, DistributedDataParallel for torch-distributed, the bare KVStore for mxnet-ps), ``unfused``
 (bytesched, ``BYTESCHED_FUSION_BYTES=1``: one task per tensor; the KVStore never fuses) and
@@ -291,23 +291,36 @@ def _worker_main() -> int:
               f"passing={int(window.passing)} cpu_ms_by_thread="
               f"{json.dumps({name: round(s / args.steps * 1e3, 3) for name, s in window.cpu_by_thread.items()})}",
               flush=True)
+    if args.framework == "torch-distributed":
+        # After destroy_process_group a rank can still abort in the interpreter's teardown, where
+        # Gloo's threads end ("terminate called without an active exception": a DDP job, once in
+        # 30 torch.distributed jobs on 4 ranks). Every rank left the process group together and rank 0
+        # printed its measurement, so the process ends without that teardown.
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
 # -- the driver -------------------------------------------------------------------------------
 
-def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
-    """One 2-rank job; what its rank 0 measured (SystemExit naming the job if it failed)."""
+def job_argv(framework: str, mode: str, args: argparse.Namespace) -> list[str]:
+    """The command of one job on ``args.ranks`` ranks: under torchrun, ``bytesched launch`` (as
+    many servers as workers) or horovodrun."""
     worker_args = [framework, mode, "--layers", str(args.layers), "--width", str(args.width),
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if framework == "torch-distributed":
-        argv = _torchrun_argv(2, "benchmarks.overhead", worker_args)
-    elif framework == "mxnet-ps":
+        return _torchrun_argv(args.ranks, "benchmarks.overhead", worker_args)
+    if framework == "mxnet-ps":
         launcher = str(Path(sys.executable).parent / "bytesched")
-        argv = [launcher, "launch", "--servers", "2", "--workers", "2", "--timeout", str(int(JOB_TIMEOUT_S) - 10),
-                "--", sys.executable, "-m", "benchmarks.overhead", *worker_args]
-    else:
-        argv = horovodrun_argv(2, "benchmarks.overhead", worker_args)
+        return [launcher, "launch", "--servers", str(args.ranks), "--workers", str(args.ranks),
+                "--timeout", str(int(JOB_TIMEOUT_S) - 10), "--", sys.executable, "-m", "benchmarks.overhead",
+                *worker_args]
+    return horovodrun_argv(args.ranks, "benchmarks.overhead", worker_args)
+
+
+def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
+    """One job; what its rank 0 measured (SystemExit naming the job if it failed)."""
+    argv = job_argv(framework, mode, args)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **MODES[mode])
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -376,10 +389,11 @@ def main(args: argparse.Namespace) -> int:
         (lambda text: print(text, flush=True))
     frameworks = args.frameworks.split(",")
     chosen = tuple(args.modes.split(","))
-    if set(frameworks) - set(FRAMEWORKS) or set(chosen) - set(MODES) or args.rounds < 1 or args.layers < 1:
+    if set(frameworks) - set(FRAMEWORKS) or set(chosen) - set(MODES) or min(args.rounds, args.layers) < 1 \
+            or args.ranks < 2:
         raise SystemExit(f"python -m benchmarks overhead: --frameworks takes {','.join(FRAMEWORKS)} (got "
                          f"{args.frameworks!r}), --modes {','.join(MODES)} (got {args.modes!r}); --rounds and "
-                         "--layers must be >= 1")
+                         "--layers must be >= 1, --ranks >= 2")
     runs: dict[str, dict[str, list[JobResult]]] = {f: {mode: [] for mode in modes_of(f, chosen)}
                                                    for f in frameworks}
     for framework in frameworks:
@@ -391,7 +405,7 @@ def main(args: argparse.Namespace) -> int:
                      f"{job.switches_per_step:7.1f} context switches/step, {job.threads} threads"
                      + (", passing through" if job.passes_through else ""))
     tensors = 2 * args.layers
-    settings = {k: getattr(args, k) for k in ("layers", "width", "steps", "warmup", "rounds", "modes")}
+    settings = {k: getattr(args, k) for k in ("ranks", "layers", "width", "steps", "warmup", "rounds", "modes")}
     result = {"command": command_line("overhead"), "revision": revision(), "tensors": tensors, "settings": settings,
               "results": summarize(runs, tensors),
               "runs": {f: {mode: [job._asdict() for job in jobs] for mode, jobs in modes.items()}
@@ -399,7 +413,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"\n{tensors} tensors, 2 ranks over loopback; median of {args.rounds} rounds [min-max]")
+    print(f"\n{tensors} tensors, {args.ranks} ranks over loopback; median of {args.rounds} rounds [min-max]")
     print("| framework | mode | ms per step | over plain, per tensor | context switches per tensor | threads "
           "| jobs passing through |\n|---|---|---|---|---|---|---|")
     for framework, modes in result["results"].items():
@@ -430,6 +444,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per job (default 50)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="jobs per mode (default 3)")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks per job (default 2); mxnet-ps runs as many "
+                        "servers as workers")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"of {', '.join(MODES)} (default all; plain always runs)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")

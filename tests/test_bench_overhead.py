@@ -3,13 +3,14 @@ belong in docs/benchmarks.md, measured on a quiet machine)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 
 import pytest
 
-from benchmarks.overhead import JobResult, summarize
+from benchmarks.overhead import JobResult, job_argv, register, summarize
 from benchmarks.provenance import INHERITED_PREFIXES, command_line
 from conftest import require, run_job
 
@@ -30,6 +31,26 @@ def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
     # Per thread, the median over jobs (0 where a job lacks the thread), busiest first.
     assert result["mxnet"]["unfused"]["cpu_us_per_tensor_by_thread"] == {"MainThread": 2500.0,
                                                                          "bytesched-core-0": 250.0}
+
+
+def _arguments(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["overhead", *argv])
+
+
+def test_every_stack_runs_its_jobs_on_the_ranks_asked_for() -> None:
+    args = _arguments("--ranks", "4")
+    horovod = job_argv("mxnet", "off", args)
+    assert horovod[horovod.index("-np") + 1] == "4" and "localhost:4" in horovod
+    torchrun = job_argv("torch-distributed", "off", args)
+    assert torchrun[torchrun.index("--nproc-per-node") + 1] == "4"
+    ps = job_argv("mxnet-ps", "core", args)
+    assert ps[ps.index("--servers") + 1] == ps[ps.index("--workers") + 1] == "4"
+    assert _arguments().ranks == 2
+    with pytest.raises(SystemExit, match="--ranks >= 2"):
+        args = _arguments("--ranks", "1")
+        args.func(args)
 
 
 def test_the_command_names_the_settings_every_job_inherits(monkeypatch: pytest.MonkeyPatch) -> None:

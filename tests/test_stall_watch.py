@@ -55,3 +55,26 @@ def test_short_waits_are_silent_and_the_thread_stops_at_close(
     watch.close()
     assert exits == [] and "stall" not in caplog.text
     assert not [t for t in threading.enumerate() if t.name == "bytesched-stall-watch"]
+
+
+def test_waits_wake_no_other_thread(exits: list[tuple[str, float]]) -> None:
+    """A wait costs the waiting thread two assignments: the watching thread sleeps through two
+    hundred of them, each letting go of the GIL as a collective does (the kernel's count of the
+    times it ran stays put)."""
+    watch = StallWatch(Config(stall_warning_s=60.0, stall_timeout_s=0.0), rank=0)
+    with watch.waiting("the gradients of step 0"):
+        pass
+    [thread] = [t for t in threading.enumerate() if t.name == "bytesched-stall-watch"]
+    time.sleep(0.1)  # it reached its sleep
+
+    def times_run() -> int:
+        with open(f"/proc/self/task/{thread.native_id}/schedstat") as schedstat:
+            return int(schedstat.read().split()[2])
+
+    before = times_run()
+    for step in range(1, 201):
+        with watch.waiting(f"the gradients of step {step}"):
+            time.sleep(0.001)
+    assert times_run() - before <= 1
+    watch.close()
+    assert not thread.is_alive() and exits == []

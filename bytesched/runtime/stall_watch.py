@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from typing import Iterator
@@ -29,63 +30,66 @@ collective, cannot end it any sooner by itself."""
 
 
 class StallWatch:
-    """Watches one wait at a time (``with watch.waiting("what"): ...``) on a thread of its own,
-    started at the first wait and idle on a condition between waits."""
+    """Watches one wait at a time (``with watch.waiting("what"): ...``).
+
+    A thread of its own, started at the first wait, looks at the wait in progress every half of
+    the warning period (or of the timeout, if shorter), as the Core's stall check looks at its
+    sub-tasks. So a wait costs the waiting thread two assignments and wakes no other thread: a
+    job passing through waits once per step (per backward pass in barrier mode), and a watcher
+    woken at each wait's start and end took the GIL twice per step from the training thread.
+    A warning or the timeout comes at most half a period late.
+    """
 
     def __init__(self, config: Config, rank: int) -> None:
         self._warning_s = config.stall_warning_s
         self._timeout_s = config.stall_timeout_s
         self._rank = rank
-        self._changed = threading.Condition()
-        self._what: str | None = None  # the wait in progress
-        self._since = 0.0
+        self.period = min(self._warning_s, self._timeout_s if self._timeout_s > 0 else math.inf) / 2
+        self._wait: tuple[str, float] | None = None  # the wait in progress: what, since when
+        self._stopped = threading.Event()
+        self._starting = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._closed = False
 
     @contextlib.contextmanager
     def waiting(self, what: str) -> Iterator[None]:
         """The calling thread waits for ``what`` until the block ends."""
-        with self._changed:
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="bytesched-stall-watch", daemon=True)
-                self._thread.start()
-            self._what, self._since = what, time.monotonic()
-            self._changed.notify()
+        if self._thread is None:
+            self._start()
+        self._wait = (what, time.monotonic())
         try:
             yield
         finally:
-            with self._changed:
-                self._what = None
-                self._changed.notify()
+            self._wait = None
 
     def close(self) -> None:
         """Stop the watching thread (a wait in progress is no longer watched)."""
-        with self._changed:
-            self._closed = True
-            self._changed.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._stopped.set()
+        with self._starting:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5.0)
+
+    def _start(self) -> None:
+        with self._starting:
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(target=self._run, name="bytesched-stall-watch", daemon=True)
+                self._thread.start()
 
     def _run(self) -> None:
-        with self._changed:
-            while not self._closed:
-                if self._what is None:
-                    self._changed.wait()
-                    continue
-                what, since, warned = self._what, self._since, False
-                while self._what == what and self._since == since and not self._closed:
-                    waited = time.monotonic() - since
-                    if self._timeout_s > 0 and waited >= self._timeout_s:
-                        self._time_out(what, waited)
-                        return
-                    if not warned and waited >= self._warning_s:
-                        log.warning("stall: rank %d has waited %.0f s for %s (a peer may be missing this "
-                                    "collective)", self._rank, waited, what)
-                        warned = True
-                    deadlines = [self._timeout_s] if self._timeout_s > 0 else []
-                    if not warned:
-                        deadlines.append(self._warning_s)
-                    self._changed.wait(min(deadlines) - waited if deadlines else None)
+        warned: tuple[str, float] | None = None  # the wait last warned about
+        while not self._stopped.wait(self.period):
+            wait = self._wait
+            if wait is None:
+                continue
+            what, since = wait
+            waited = time.monotonic() - since
+            if self._timeout_s > 0 and waited >= self._timeout_s:
+                self._time_out(what, waited)
+                return
+            if waited >= self._warning_s and wait is not warned:
+                log.warning("stall: rank %d has waited %.0f s for %s (a peer may be missing this "
+                            "collective)", self._rank, waited, what)
+                warned = wait
 
     def _time_out(self, what: str, waited: float) -> None:
         reason = (f"rank {self._rank} waited {waited:.0f} s for {what} "
