@@ -22,7 +22,9 @@ difference to ``plain`` per tensor; and rank 0's context switches per tensor ove
 network, or is preempted), the measurable trace of the thread hand-offs on each path, with its
 number of threads; and rank 0's CPU time per tensor in each of its threads (Python's by their
 names, the libraries' by the kernel's, ``(native)``), which says where the cost lies: the
-training thread, bytesched's threads (Core, updates, Horovod poller), or the library's. The
+training thread, bytesched's threads (Core, updates, Horovod poller), or the library's; and rank
+0's passes of Python's cyclic garbage collector per step and their time, which every thread waits
+for (what a path keeps alive per tensor across the step sets them off). The
 emulated-network benchmark cannot show these costs (they hide under its sleeping layers and the network's noise);
 this one shows nothing else.
 """
@@ -30,6 +32,7 @@ this one shows nothing else.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -56,7 +59,7 @@ MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_B
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""
 RESULT = re.compile(r"OVERHEAD ms_per_step=([\d.]+) switches_per_step=([\d.]+) threads=(\d+) passing=([01]) "
-                    r"cpu_ms_by_thread=(\{.*\})")
+                    r"gc_passes_per_step=([\d.]+) gc_ms_per_step=([\d.]+) cpu_ms_by_thread=(\{.*\})")
 JOB_TIMEOUT_S = 300.0
 FAILURE_LINES = 120
 """How much of a failed job's output the error shows: a rank that crashes at start-up prints
@@ -73,31 +76,49 @@ class JobResult(NamedTuple):
     """bytesched's plan stayed out and the gradients took the framework's own path."""
     cpu_ms_by_thread: dict[str, float] = {}
     """CPU milliseconds per step of each thread (threads of one name summed)."""
+    gc_passes_per_step: float = 0.0
+    """Passes of Python's cyclic garbage collector per step, every generation."""
+    gc_ms_per_step: float = 0.0
+    """Milliseconds per step those passes took (every thread waits for them: they hold the GIL)."""
 
 
 # -- the worker (one rank) --------------------------------------------------------------------
 
 class Window:
-    """The timed steps' wall-clock seconds, and this process's context switches and each thread's
-    CPU time over them."""
+    """The timed steps' wall-clock seconds, and this process's context switches, each thread's
+    CPU time and Python's cyclic garbage collections over them."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.switches = 0
         self.cpu_by_thread: dict[str, float] = {}  # CPU seconds, threads of one name summed
         self.passing = False  # a scheduled job's plugin passed through (its plan stayed out)
+        self.gc_passes = 0
+        self.gc_seconds = 0.0
+        self._gc_began = 0.0
 
     def start(self) -> None:
         self._cpu = _thread_cpu()
+        gc.callbacks.append(self._collection)
         self._began, self._switched = time.perf_counter(), _context_switches()
 
     def stop(self) -> "Window":
         self.seconds = time.perf_counter() - self._began
         self.switches = _context_switches() - self._switched
+        gc.callbacks.remove(self._collection)
         for tid, (name, seconds) in _thread_cpu().items():
             used = seconds - self._cpu.get(tid, (name, 0.0))[1]
             self.cpu_by_thread[name] = self.cpu_by_thread.get(name, 0.0) + used
         return self
+
+
+    def _collection(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks``: a pass of the collector starts or stops (on whichever thread allocated)."""
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        else:
+            self.gc_passes += 1
+            self.gc_seconds += time.perf_counter() - self._gc_began
 
 
 def _thread_cpu() -> dict[int, tuple[str, float]]:
@@ -288,7 +309,8 @@ def _worker_main() -> int:
     if rank == "0":
         print(f"OVERHEAD ms_per_step={window.seconds / args.steps * 1e3:.3f} "
               f"switches_per_step={window.switches / args.steps:.1f} threads={_threads()} "
-              f"passing={int(window.passing)} cpu_ms_by_thread="
+              f"passing={int(window.passing)} gc_passes_per_step={window.gc_passes / args.steps:.3f} "
+              f"gc_ms_per_step={window.gc_seconds / args.steps * 1e3:.3f} cpu_ms_by_thread="
               f"{json.dumps({name: round(s / args.steps * 1e3, 3) for name, s in window.cpu_by_thread.items()})}",
               flush=True)
     if args.framework == "torch-distributed":
@@ -336,7 +358,7 @@ def run_job(framework: str, mode: str, args: argparse.Namespace) -> JobResult:
         raise SystemExit(f"python -m benchmarks overhead: the {framework} {mode} job failed "
                          f"(exit code {proc.returncode}):\n{tail}")
     return JobResult(float(found.group(1)), float(found.group(2)), int(found.group(3)), found.group(4) == "1",
-                     json.loads(found.group(5)))
+                     json.loads(found.group(7)), float(found.group(5)), float(found.group(6)))
 
 
 def _torchrun_argv(ranks: int, module: str, worker_args: list[str]) -> list[str]:
@@ -371,6 +393,8 @@ def summarize(runs: dict[str, dict[str, list[JobResult]]], tensors: int) -> dict
                 "switches_per_tensor": round(statistics.median(job.switches_per_step for job in jobs) / tensors, 2),
                 "threads": max(job.threads for job in jobs),
                 "passed_through": sum(job.passes_through for job in jobs),
+                "gc_passes_per_step": round(statistics.median(job.gc_passes_per_step for job in jobs), 2),
+                "gc_ms_per_step": round(statistics.median(job.gc_ms_per_step for job in jobs), 3),
                 "cpu_us_per_tensor_by_thread": _cpu_by_thread(jobs, tensors)}
     return result
 
@@ -415,12 +439,12 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"\n{tensors} tensors, {args.ranks} ranks over loopback; median of {args.rounds} rounds [min-max]")
     print("| framework | mode | ms per step | over plain, per tensor | context switches per tensor | threads "
-          "| jobs passing through |\n|---|---|---|---|---|---|---|")
+          "| jobs passing through | garbage collector: passes, ms per step |\n|---|---|---|---|---|---|---|---|")
     for framework, modes in result["results"].items():
         for mode, row in modes.items():
             print(f"| {framework} | {mode} | {row['ms_per_step']} [{row['min']}-{row['max']}] | "
                   f"{row['us_per_tensor_over_plain']} us | {row['switches_per_tensor']} | {row['threads']} | "
-                  f"{row['passed_through']} of {args.rounds} |")
+                  f"{row['passed_through']} of {args.rounds} | {row['gc_passes_per_step']}, {row['gc_ms_per_step']} |")
     print("\nRank 0's CPU per tensor by thread (median of rounds; threads under 1 us left out)")
     print("| framework | mode | CPU us per tensor: thread |\n|---|---|---|")
     for framework, modes in result["results"].items():

@@ -4,13 +4,14 @@ belong in docs/benchmarks.md, measured on a quiet machine)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 
 import pytest
 
-from benchmarks.overhead import JobResult, job_argv, register, summarize
+from benchmarks.overhead import JobResult, Window, job_argv, register, summarize
 from benchmarks.provenance import INHERITED_PREFIXES, command_line
 from conftest import require, run_job
 
@@ -18,19 +19,32 @@ from conftest import require, run_job
 def test_summary_is_the_median_and_its_excess_over_plain_per_tensor() -> None:
     def jobs(*times: float) -> list[JobResult]:
         return [JobResult(ms, switches_per_step=8.0 * ms, threads=int(ms),
-                          cpu_ms_by_thread={"MainThread": ms / 2, **({"bytesched-core-0": 1.0} if ms > 15 else {})})
+                          cpu_ms_by_thread={"MainThread": ms / 2, **({"bytesched-core-0": 1.0} if ms > 15 else {})},
+                          gc_passes_per_step=ms / 10, gc_ms_per_step=ms / 100)
                 for ms in times]
 
     result = summarize({"mxnet": {"plain": jobs(10.0, 12.0, 11.0), "unfused": jobs(20.0, 15.0, 30.0),
                                   "fused": jobs(9.0, 9.0, 9.0)}}, tensors=4)
     assert result["mxnet"]["plain"] == {"ms_per_step": 11.0, "min": 10.0, "max": 12.0, "us_per_tensor_over_plain": 0.0,
                                         "switches_per_tensor": 22.0, "threads": 12,  # 8 x 11 / 4; the most
-                                        "passed_through": 0, "cpu_us_per_tensor_by_thread": {"MainThread": 1375.0}}
+                                        "passed_through": 0, "cpu_us_per_tensor_by_thread": {"MainThread": 1375.0},
+                                        "gc_passes_per_step": 1.1, "gc_ms_per_step": 0.11}
     assert result["mxnet"]["unfused"]["us_per_tensor_over_plain"] == 2250.0  # (20 - 11) ms / 4
     assert result["mxnet"]["fused"]["us_per_tensor_over_plain"] == -500.0
     # Per thread, the median over jobs (0 where a job lacks the thread), busiest first.
     assert result["mxnet"]["unfused"]["cpu_us_per_tensor_by_thread"] == {"MainThread": 2500.0,
                                                                          "bytesched-core-0": 250.0}
+
+
+def test_the_window_counts_the_garbage_collectors_passes_and_their_time() -> None:
+    window = Window()
+    window.start()
+    gc.collect()
+    gc.collect(0)
+    window.stop()
+    assert window.gc_passes == 2 and window.gc_seconds > 0
+    gc.collect()  # after stop(): not counted
+    assert window.gc_passes == 2
 
 
 def _arguments(*argv: str) -> argparse.Namespace:
@@ -91,6 +105,7 @@ def test_every_mode_runs_on_two_ranks(framework: str, modes: str) -> None:
         [job] = jobs
         assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job
         assert job["cpu_ms_by_thread"]["MainThread"] > 0, job
+        assert job["gc_passes_per_step"] >= 0 and job["gc_ms_per_step"] >= 0, job
     runs = report["runs"][framework]
     if "off" in runs:
         assert runs["off"][0]["passes_through"] and not runs["core"][0]["passes_through"]  # off: from the first step

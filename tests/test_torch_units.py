@@ -198,11 +198,12 @@ class Handles:
 
 def test_poller_reports_completions_in_completion_order_and_backs_off_meanwhile() -> None:
     handles = Handles()
-    poller = HandlePoller(handles.poll, handles.release, min_interval=0.001, max_interval=0.004)
     reported: list[int] = []
+    poller = HandlePoller(handles.poll, handles.release, lambda token, error: reported.append(token),
+                          min_interval=0.001, max_interval=0.004)
     assert poller.poll() is None  # nothing in flight: no polling wanted
     for handle in (1, 2, 3):
-        poller.watch(handle, lambda error, h=handle: reported.append(h))
+        poller.watch(handle, handle)
     assert [poller.poll() for _ in range(4)] == [0.002, 0.004, 0.004, 0.004]  # doubling up to the max
     handles.done.add(3)
     delays = [poller.poll() for _ in range(4)]  # 3 finished behind running ones: a full scan finds it
@@ -222,8 +223,8 @@ def test_poller_rounds_poll_in_start_order_up_to_the_first_running_handle() -> N
         polled.append(handle)
         return handles.poll(handle)
 
-    poller = HandlePoller(poll, handles.release)
-    in_flight = [(handle, lambda error: None) for handle in (1, 2, 3, 4)]
+    poller = HandlePoller(poll, handles.release, lambda token, error: None)
+    in_flight = [(handle, f"token {handle}") for handle in (1, 2, 3, 4)]
     handles.done.update({1, 3, 4})
     assert [h for h, _ in poller._finished(in_flight, full=False)] == [1]
     assert polled == [1, 2]
@@ -236,12 +237,13 @@ def test_poller_reports_a_failed_handle_as_an_error() -> None:
     def release(handle: int) -> None:
         raise RuntimeError(f"handle {handle} failed")
 
-    poller = HandlePoller(handles.poll, release)
-    errors: list[BaseException | None] = []
-    poller.watch(7, errors.append)
+    reports: list[tuple[str, BaseException | None]] = []
+    poller = HandlePoller(handles.poll, release, lambda token, error: reports.append((token, error)))
+    poller.watch(7, "partition 0")
     handles.done.add(7)
     poller.poll()
-    assert isinstance(errors[0], RuntimeError) and "handle 7" in str(errors[0])
+    [(token, error)] = reports
+    assert token == "partition 0" and isinstance(error, RuntimeError) and "handle 7" in str(error)
 
 
 def test_without_a_backend_the_error_names_both_ways() -> None:

@@ -285,7 +285,10 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         avatars = self._avatars.get(name)
         if avatars is None or not avatars.matches([grad], ranges):
             avatars = self._avatars[name] = Avatars(self._events.library, [grad], ranges)
-        task = ProxiedTask(f"allreduce:{name}", index, ranges, itemsize, self._events)
+        # The avatars' ranges, not this call's equal ones: the task holds them until its
+        # all-reduce finished, and objects alive that long count towards Python's next cyclic
+        # garbage collection (docs/architecture.md, "Objects per gradient").
+        task = ProxiedTask(f"allreduce:{name}", index, avatars.ranges, itemsize, self._events)
         self._core.enqueue(task)
         opt = self._hvd
 

@@ -165,6 +165,10 @@ class UpdatePipeline:
         self._unreduced = 0
         self._unapplied = 0
         self._failure: BaseException | None = None
+        # Bound once for every task: a bound method made per task lives as long as the task, and
+        # Python's cyclic garbage collector counts what lives across a step (see GradientTask).
+        self._on_communicated = self._communicated
+        self._on_failed = self.fail
         # A job returns the tasks it made due for their update (the update thread applies them).
         self._jobs: queue.SimpleQueue[Callable[[], list[GradientTask]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run_jobs, name="bytesched-updates", daemon=True)
@@ -382,7 +386,7 @@ class UpdatePipeline:
     def _new_task(self, bucket: Bucket) -> GradientTask:
         """Create ``bucket``'s task for this iteration (lock held)."""
         task = GradientTask(bucket, [dense_grad(slot) for slot in bucket.slots], self._backend,
-                            self._communicated, self.fail)
+                            self._on_communicated, self._on_failed)
         bucket.task = task
         self._round.append(task)
         self._unreduced += 1

@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 class GradientTask(CommTask):
     """The all-reduce of ``bucket``'s gradients for one iteration.
 
+    A task lives from its gradients' readiness to their update, across the rest of backward
+    and, crossing the barrier, into the next forward pass. What it and its partitions allocate
+    for that span is what Python's cyclic garbage collector counts towards its next pass: past
+    700 objects alive at once it runs a pass, and what survives two passes is promoted to the
+    generation only a full collection (every object of a process that imported torch) visits.
+    So a task allocates no more than it needs (see ``docs/architecture.md``, "Objects per
+    gradient").
+
     Attributes:
         bucket: the parameters whose gradients this task carries.
         grads: their gradient tensors (each ``param.grad`` when the task was created).
@@ -41,7 +49,8 @@ class GradientTask(CommTask):
         ready: where the producing thread's stream stood once ``wire`` was packed: the Core
             thread's collectives wait for it.
         communicated: one mark per finished partition, on the stream its completion was
-            reported on: finalising waits for all of them.
+            reported on: finalising waits for all of them (CUDA; elsewhere there is nothing to
+            mark, and no list is made).
         reduced_mark: where the update thread's stream stood once ``grads`` held the average.
         cycle: where the bucket's update stands (reduced, released, synchronized, applied, a
             deferred ``zero_grad``): :class:`~.cycle.UpdateCycle`.
@@ -60,7 +69,7 @@ class GradientTask(CommTask):
         self.device = wire.device
         self.versions = [grad._version for grad in grads]
         self.ready = streams.mark(self.device)
-        self.communicated: list[streams.Mark] = []
+        self.communicated: list[streams.Mark] | tuple[()] = [] if self.ready is not None else ()
         self.reduced_mark: streams.Mark = None
         self.cycle = UpdateCycle()
         self.hparams: dict[str, Any] | None = None
@@ -100,7 +109,8 @@ class GradientTask(CommTask):
         """The backend's completion callback: ``subtask``'s payload holds its reduced values on
         the calling thread's current stream (c10d runs future callbacks on streams that waited
         for the collective; Horovod reports a handle once its work is done)."""
-        self.communicated.append(streams.mark(self.device))
+        if self.ready is not None:  # CUDA: ``communicated`` is a list
+            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]
         self.notify_finish(subtask)
 
     def on_finish(self) -> None:
