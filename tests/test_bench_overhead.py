@@ -105,7 +105,6 @@ def test_every_mode_runs_on_two_ranks(framework: str, modes: str) -> None:
         [job] = jobs
         assert job["ms_per_step"] > 0 and job["switches_per_step"] >= 0 and job["threads"] >= 1, job
         assert job["cpu_ms_by_thread"]["MainThread"] > 0, job
-        assert job["gc_passes_per_step"] >= 0 and job["gc_ms_per_step"] >= 0, job
     runs = report["runs"][framework]
     if "off" in runs:
         assert runs["off"][0]["passes_through"] and not runs["core"][0]["passes_through"]  # off: from the first step

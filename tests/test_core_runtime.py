@@ -101,30 +101,59 @@ def test_concurrent_producers_all_finish_within_credit() -> None:
     assert core.scheduler.idle and not core.running
 
 
+class Instant(CommTask):
+    """Three partitions, each finished the moment it starts; ``done`` is set once all have."""
+
+    def __init__(self, name: str, done: threading.Event) -> None:
+        super().__init__(name, 0, 3000)
+        self.done = done
+
+    def partition(self, size: float) -> list[tuple[None, int]]:
+        return [(None, 1000)] * 3
+
+    def start(self, sub: SubTask) -> None:
+        self.notify_finish(sub)
+
+    def on_finish(self) -> None:
+        self.done.set()
+
+
+def completed(core: Core) -> weakref.ref[Instant]:
+    """A weak reference to an :class:`Instant` task the Core completed (and handled), the caller
+    holding no other."""
+    done = threading.Event()
+    task = Instant("w", done)
+    core.enqueue(task, ready=True)
+    assert done.wait(5)
+    return weakref.ref(task)
+
+
 def test_a_completed_task_is_freed_without_the_cyclic_garbage_collector() -> None:
     """Task and sub-tasks point at each other; the Core cuts that cycle once the task completed,
     so a training step's tasks die by reference counting (no collector pauses on the Core)."""
     core = make_core()
-    done = threading.Event()
-
-    class Instant(CommTask):
-        def partition(self, size: float) -> list[tuple[None, int]]:
-            return [(None, 1000)] * 3
-
-        def start(self, sub: SubTask) -> None:
-            self.notify_finish(sub)
-
-        def on_finish(self) -> None:
-            done.set()
-
     gc.disable()
     try:
-        task = Instant("w", 0, 3000)
-        alive = weakref.ref(task)
-        core.enqueue(task, ready=True)
-        assert done.wait(5)
+        alive = completed(core)
         assert core.take_stats().subtasks_finished == 3  # answered on the Core thread after the cut
-        del task
+        assert alive() is None
+    finally:
+        gc.enable()
+        core.shutdown(1)
+
+
+def test_the_core_thread_keeps_nothing_of_its_last_wake_up_while_it_waits() -> None:
+    """Once the last finishes of a step were handled and the Core's thread waits for its next
+    event, none of their sub-tasks (nor, through them, their tasks) stays referenced: a step's
+    tasks die then, not during the next step, where Python's collector would count them. No event
+    follows the finishes here, so a thread that kept its last run of them would keep the task."""
+    core = make_core()
+    gc.disable()
+    try:
+        alive = completed(core)
+        deadline = time.monotonic() + 2.0
+        while alive() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert alive() is None
     finally:
         gc.enable()

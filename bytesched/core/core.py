@@ -462,10 +462,11 @@ class Core:
                 if not sched.idle:
                     self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
                 return
-            # Nothing of this wake-up stays referenced while the thread waits for the next: the
-            # last run of finishes would keep its sub-tasks, their tasks and what those hold alive
-            # into the next step, where Python's cyclic garbage collector counts them.
-            del started, finished
+            # Nothing of this wake-up stays referenced while the thread waits for the next: its
+            # last run of finishes and its last event's task would keep the sub-tasks, their tasks
+            # and what those hold alive into the next step, where Python's cyclic garbage
+            # collector counts them.
+            started = finished = obj = None  # type: ignore[assignment]
 
     def _finish(self, subs: list[SubTask], now: float) -> list[SubTask]:
         """A run of finish events: what they start; records them and tells completed tasks."""
