@@ -41,7 +41,7 @@ def scenario(model: str, arch: str, workers: int, bandwidth: str) -> dict[str, A
     plan = make_plan(profile, cluster)
     times = {"vanilla": seconds(VANILLA, SchedulingParams()), "fifo": seconds("fifo", SchedulingParams()),
              "defaults": seconds("bytescheduler", SchedulingParams()), "plan": seconds(plan.policy, plan.params)}
-    grid = min([times["fifo"], *(seconds("bytescheduler", p) for p in candidate_sizes())])
+    grid = min([times["fifo"], *(seconds("bytescheduler", p) for p in candidate_sizes(profile, cluster))])
     return {"model": model, "arch": arch, "workers": workers, "bandwidth": bandwidth, "chosen": plan.describe(),
             **{f"{name}_s": value for name, value in times.items()}, "grid_best_s": grid,
             "plan_vs_best_of_vanilla_fifo": min(times["vanilla"], times["fifo"]) / times["plan"],

@@ -22,7 +22,8 @@ from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecord
 from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
                                     stay_out_fusion, wants_plan)
 from bytesched.sim import make_cluster, run
-from bytesched.sim.plan import FUSION_MARGIN, PASS_THROUGH_MARGIN, Plan, fused_profile, fusion_pays, make_plan
+from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS, SEARCH_WARMUP,
+                                 Plan, candidate_sizes, fused_profile, fusion_pays, make_plan)
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -341,6 +342,29 @@ def test_the_simulator_keeps_out_of_the_way_where_messages_cost_more_than_they_s
     assert chosen.policy == "bytescheduler" and chosen.predicted_speedup > 1.01
     assert run(profile, slow, "bytescheduler", chosen.params).iteration_time < \
         run(profile, slow, "fifo", STAY_OUT).iteration_time
+
+
+def test_a_parameter_servers_plan_also_weighs_partitions_below_a_megabyte_on_a_small_model() -> None:
+    """24 MB of gradients (48 of 500 KB over 190 ms of backward) on 4 workers and 4 servers, 16 MB
+    pushed and pulled in 0.4 s: the plan also weighs 250 and 500 KB partitions there, and chooses
+    one, predicted faster than every megabyte partition. All-reduce, and a model of 600 MB on the
+    same servers, keep the 24 megabyte candidates."""
+    small = measured_profile([ObservedTask(f"g{i}", 0.05 + 0.004 * i, 500_000) for i in range(48)], start=0.0)
+    large = measured_profile([ObservedTask(f"g{i}", 0.05 + 0.004 * i, 12_500_000) for i in range(48)], start=0.0)
+    network = NetworkCost(0.0008, 0.4, 16_000_000)
+    ps = make_cluster(arch="ps", workers=4, servers=4, **network.simulator_options("ps", 4, 4))
+    ring = make_cluster(arch="allreduce", workers=4, **network.simulator_options("allreduce", 4))
+    megabyte = candidate_sizes()
+    assert len(megabyte) == 24 and min(p.partition_bytes for p in megabyte) == 1_000_000
+    assert candidate_sizes(small, ring) == candidate_sizes(large, ps) == megabyte
+    fine = candidate_sizes(small, ps)[len(megabyte):]
+    assert candidate_sizes(small, ps)[:len(megabyte)] == megabyte
+    assert fine == [SchedulingParams(partition_bytes=p, credit_bytes=c) for p in FINE_PARTITIONS for c in FINE_CREDITS]
+    chosen = make_plan(small, ps)
+    assert chosen.policy == "bytescheduler" and chosen.params.partition_bytes in FINE_PARTITIONS
+    best_megabyte = min(run(small, ps, "bytescheduler", p, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP)
+                        .iteration_time for p in megabyte)
+    assert chosen.search_iteration_time < best_megabyte
 
 
 def test_staying_out_passes_through_only_where_no_size_is_predicted_to_pay() -> None:

@@ -7,7 +7,8 @@ every candidate and keeps the fastest:
 
 - ``fifo``: no partitions and no credit limit, each gradient sent whole as soon as it is ready,
   the cheapest path through bytesched (it stays out of the way);
-- ``bytescheduler`` at each (partition, credit) of :func:`candidate_sizes`.
+- ``bytescheduler`` at each (partition, credit) of :func:`candidate_sizes` (on a parameter
+  server, sub-megabyte partitions too, where the model holds few of them).
 
 A sized candidate must beat ``fifo`` by :data:`STAY_OUT_MARGIN` to be kept: each partition costs
 real CPU that the simulator only approximates, so a predicted gain smaller than that is not worth
@@ -56,14 +57,41 @@ communicating later, which it does. On 4 emulated CPU ranks over torch.distribut
 quarter of the model ran at DDP's speed with less CPU at 2.5-10 Gbit/s, and the Transformer at
 1 Gbit/s, where communication lasts about as long as the backward pass, at 0.90x-0.95x where its
 1 MB tasks had run at 0.99x-1.01x (docs/benchmarks.md)."""
+FINE_PARTITIONS = (250_000, 500_000)
+"""The partitions below a megabyte a parameter server's plan also weighs, each at every credit of
+:data:`FINE_CREDITS`. A server holds each partition's key, so finer partitions spread a worker's
+pushes over more servers' links, and a push preempts sooner. On the emulated parameter server with
+4 workers at 0.5 Gbit/s (24 MB of gradients), plans on them ran ResNet50, VGG16 and the
+Transformer at 1.40x, 1.63x and 1.59x the plain store, where megabyte plans ran 1.20x, 1.17x and
+1.36x side by side; at 1 Gbit/s ResNet50 gained 2-7 % and the Transformer lost 10 %
+(docs/benchmarks.md, "Finer partitions on the parameter server"). On all-reduce the simulator
+predicted at most 4 % more from them on the emulated cells, where every piece is a collective
+whose CPU (Horovod's cycle, Gloo's threads) it models only in part: they are not weighed there."""
+FINE_CREDITS = (4_000_000, 8_000_000)
+"""The credits of :data:`FINE_PARTITIONS`, in bytes: a sub-megabyte partition's best credit was a
+few megabytes, where credits of 1-8 partitions stop at 2-4 MB. Credits of 1 and 2 MB are left out:
+on the emulated 4-worker parameter server at 1 Gbit/s, plans with a 2 MB credit ran the
+Transformer at 1.08x-1.12x the plain store and VGG16 at 1.51x, with 4-8 MB at 1.10x and 1.37x
+(separate runs, whose rounds overlap): no clear difference, and without them the plan's search of
+the 188-gradient Transformer on 4 workers took 0.56-0.58 s instead of 0.71-0.84 s."""
+FINE_PIECES_MAX = 256
+"""A partition of :data:`FINE_PARTITIONS` is weighed only where it cuts the model's gradients into
+at most this many pieces: each piece is a simulated event per worker, so the search stays well under
+a second, and a model of hundreds of megabytes keeps the megabyte partitions."""
 SEARCH_ITERATIONS = 1
 SEARCH_WARMUP = 1
 
 
-def candidate_sizes() -> list[SchedulingParams]:
-    """Partitions of 1 to 32 MB, credits of 1 to 8 partitions (24 candidates)."""
-    return [SchedulingParams(partition_bytes=p, credit_bytes=p * k)
-            for p in CANDIDATE_PARTITIONS for k in CANDIDATE_CREDIT_FACTORS]
+def candidate_sizes(profile: ModelProfile | None = None, cluster: Cluster | None = None) -> list[SchedulingParams]:
+    """Partitions of 1 to 32 MB, credits of 1 to 8 partitions (24 candidates); for ``profile`` on
+    a parameter-server ``cluster``, also each of :data:`FINE_PARTITIONS` that cuts the model into at
+    most :data:`FINE_PIECES_MAX` pieces, at each of :data:`FINE_CREDITS`."""
+    sizes = [SchedulingParams(partition_bytes=p, credit_bytes=p * k)
+             for p in CANDIDATE_PARTITIONS for k in CANDIDATE_CREDIT_FACTORS]
+    if profile is not None and cluster is not None and cluster.arch == "ps":
+        sizes += [SchedulingParams(partition_bytes=p, credit_bytes=c) for p in FINE_PARTITIONS
+                  if profile.nbytes <= p * FINE_PIECES_MAX for c in FINE_CREDITS]
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -111,7 +139,7 @@ def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_
     a sized one is predicted faster by ``pass_through_margin``."""
     stay_out = _search_seconds(profile, cluster, "fifo", STAY_OUT)
     params, best = min(((params, _search_seconds(profile, cluster, "bytescheduler", params))
-                        for params in candidate_sizes()), key=lambda candidate: candidate[1])
+                        for params in candidate_sizes(profile, cluster)), key=lambda candidate: candidate[1])
     if best < (1 - margin) * stay_out:
         return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin)
     return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)

@@ -123,7 +123,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         sweep: ``("bandwidth", ["1Gbps", "10Gbps"])`` or the command line's
             ``"bandwidth=1,10,25Gbps"``; one prediction per value.
         tune: run each credit-window policy at its best partition and credit size of
-            :func:`tuning_grid` (24 simulations each), or of the given list of
+            :func:`tuning_grid` (24 simulations each, up to 32 on a parameter server), or of the given list of
             :class:`SchedulingParams`, instead of ``partition``/``credit``.
         cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
             ``bandwidth="10Gbps"``, ``worker_specs=["3:compute=1.5"]`` ...) change its fields.
@@ -157,7 +157,7 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
     that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
     the given candidates) instead of ``params``. :data:`~.plan.PLAN` runs what
     :func:`~.plan.make_plan` chooses."""
-    grid = tuning_grid() if tune is True else list(tune or [])
+    grid = tuning_grid(profile, cluster) if tune is True else list(tune or [])
     runs = []
     for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
         started = time.perf_counter()
@@ -179,11 +179,12 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
     return prediction
 
 
-def tuning_grid() -> list[SchedulingParams]:
-    """What ``--tune`` tries: the plan's candidates, partitions of 1 to 32 MB and credits of 1 to
-    8 partitions. The paper's speedups are with auto-tuned parameters, and so are the predictions
-    with ``--tune`` (an exhaustive grid, where the runtime tuner uses Bayesian optimisation)."""
-    return candidate_sizes()
+def tuning_grid(profile: ModelProfile | None = None, cluster: Cluster | None = None) -> list[SchedulingParams]:
+    """What ``--tune`` tries: the plan's candidates for ``profile`` on ``cluster`` (partitions of 1
+    to 32 MB and credits of 1 to 8 partitions, and a parameter server's finer ones). The paper's
+    speedups are with auto-tuned parameters, and so are the predictions with ``--tune`` (an
+    exhaustive grid, where the runtime tuner uses Bayesian optimisation)."""
+    return candidate_sizes(profile, cluster)
 
 
 def _has_credit(policy: str) -> bool:
