@@ -97,7 +97,7 @@ def test_concurrent_producers_all_finish_within_credit() -> None:
     assert not violations
     # every partition started once; the Core released the completed tasks' sub-tasks
     assert all(t.finished_callbacks == 1 and sum(s.nbytes for s in t.started) == t.nbytes
-               and len({s.index for s in t.started}) == len(t.started) and t.subtasks == [] for t in tasks)
+               and len({s.index for s in t.started}) == len(t.started) and t.subtasks == () for t in tasks)
     assert core.scheduler.idle and not core.running
 
 

@@ -479,7 +479,7 @@ class Core:
                 self._observer(sub)
         for task in completed:
             task.on_finish()
-            task.subtasks = []  # cut the task <-> sub-task cycle (see CommTask.subtasks)
+            task.subtasks = ()  # cut the task <-> sub-task cycle (see CommTask.subtasks)
         return started
 
     def _poll(self, now: float) -> None:

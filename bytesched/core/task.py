@@ -80,11 +80,13 @@ class CommTask(ABC):
         nbytes: size of the tensor in bytes.
         instance: how many times a task of this name was enqueued before (set by the Core); it
             tells apart the same tensor's communication in successive iterations.
-        subtasks: the partitions (set by the Scheduler at enqueue). The runtime Core empties the
-            list once the task completed and its hooks ran: a task and its sub-tasks point at
-            each other, and without that cut every step's tasks would be freed only by Python's
-            cyclic garbage collector, whose passes stall the training process (the Core
-            benchmark ran about a fifth slower). The timeline keeps what they recorded.
+        subtasks: the partitions (set by the Scheduler at enqueue; the empty tuple before). The
+            runtime Core sets it back to the empty tuple once the task completed and its hooks
+            ran: a task and its sub-tasks point at each other, and without that cut every step's
+            tasks would be freed only by Python's cyclic garbage collector, whose passes stall
+            the training process (the Core benchmark ran about a fifth slower). The tuple, unlike
+            a new empty list, is no object of the task's own for the collector to count while
+            the task waits for its update. The timeline keeps what the sub-tasks recorded.
         t_enqueue, t_ready: when the task was enqueued and when its tensor was computed (set by
             the Scheduler; NaN until then).
         released_on_ready: the plugin let its backend start every sub-task the moment the tensor
@@ -102,7 +104,7 @@ class CommTask(ABC):
         self.priority = priority
         self.nbytes = nbytes
         self.instance = 0
-        self.subtasks: list[SubTask] = []
+        self.subtasks: Sequence[SubTask] = ()
         self.remaining = 0
         self.seq = 0
         self.t_enqueue = math.nan
