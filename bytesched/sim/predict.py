@@ -123,7 +123,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         sweep: ``("bandwidth", ["1Gbps", "10Gbps"])`` or the command line's
             ``"bandwidth=1,10,25Gbps"``; one prediction per value.
         tune: run each credit-window policy at its best partition and credit size of
-            :func:`tuning_grid` (24 simulations each, up to 32 on a parameter server), or of the given list of
+            :func:`tuning_grid` (24 simulations each, up to 28 on a parameter server), or of the given list of
             :class:`SchedulingParams`, instead of ``partition``/``credit``.
         cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
             ``bandwidth="10Gbps"``, ``worker_specs=["3:compute=1.5"]`` ...) change its fields.
