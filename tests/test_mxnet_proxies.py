@@ -445,6 +445,32 @@ def test_a_pushpull_is_one_request_to_the_wrapped_store(path: str, monkeypatch: 
     kv.close()
 
 
+def test_passing_through_a_wait_for_the_step_does_not_wait_for_the_next_backward_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passing through, ``wait_idle`` waits for the pushpull's pull, not for a later write of the
+    pushed gradient: at a step boundary (where a plan trial drains each step) Gluon has already
+    posted the next step's backward pass, which writes the gradients. Waiting for it held each
+    step's pushes back until that backward pass had ended."""
+    monkeypatch.setenv("BYTESCHED_POLICY", "off")
+    kv = ScheduledKVStore(mx.kv.create("local"))
+    events = proxies.events()  # the store's Core waits on them
+    kv.init("w", mx.nd.zeros((4,)))
+    grad, weight = mx.nd.ones((4,)), mx.nd.zeros((4,))
+    kv.pushpull("w", grad, out=weight)
+    backward = events.register(Recorder())  # the next step's backward pass, held: it writes the gradient
+    events.library.post_entry(backward, proxies.Chain([], [[grad]]), 0)
+    idle = threading.Event()
+    threading.Thread(target=lambda: (kv.wait_idle(timeout=15), idle.set()), daemon=True).start()
+    try:
+        assert idle.wait(5), "the wait for the step waited for the next write of its pushed gradient"
+        assert weight.asnumpy().tolist() == [1.0] * 4
+    finally:
+        events.library.release(backward, 0)
+        grad.wait_to_read()
+        events.forget(backward)
+        kv.close()
+
+
 def test_str_keys_lists_and_separate_push_pull(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Module-style interface: string keys, lists of keys, push then pull."""
     monkeypatch.setenv("BYTESCHED_PARTITION_BYTES", "12")
