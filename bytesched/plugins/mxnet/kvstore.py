@@ -539,7 +539,7 @@ class ScheduledKVStore(KVStoreBase):
         call = self._store_call(kind, user_key, layout, views, values, outs)
         if self._passthrough:  # module doc, "Start-up plan": the wrapped store's own operation
             passed = _Passed(views, call, self.library)
-            if outs:  # what wait_idle waits for (a push only reads: nothing of it can be waited for)
+            if outs:  # what wait_idle waits for
                 self._passed[(kind, user_key)] = unique_arrays(outs)
             passed.post(priority)
             return passed
@@ -678,7 +678,8 @@ class ScheduledKVStore(KVStoreBase):
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Block until every submitted push/pull has finished (a TimeoutError after ``timeout``;
-        not while passing through, where the engine's own wait has no bound).
+        not while passing through, where the engine's own wait has no bound, and where a push
+        alone is not waited for: it only reads its arrays).
 
         Passing through, it waits for the writes pending on each key's last pull destinations (a
         pushpull repeated with the same objects writes the same arrays, so they stay listed), not
@@ -686,8 +687,8 @@ class ScheduledKVStore(KVStoreBase):
         writes those, and waiting for it held each step's pushes back until that backward pass
         had ended (on 4 emulated workers at 1 Gbit/s a plan trial timed its steps passing through
         at 1.24x-1.39x the same steps after the trial, and kept sizes that then lost to the plain
-        store). A pushpull in place (no ``out``, as where the servers do
-        not update) pulls into the gradients themselves, so there the wait still lasts that long."""
+        store). A pushpull in place (no ``out``, as where the servers do not update) pulls into
+        the gradients themselves, so there the wait still lasts that long."""
         for arrays in self._passed.values():  # passing through: the engine knows what is pending
             for array in arrays:
                 array.wait_to_read()
