@@ -1,9 +1,11 @@
 """Run under ``torchrun``: ScheduledOptimizer over torch.distributed (Gloo) trains exactly like a
 hand-written all-reduce of every gradient after backward.
 
-Followers obey rank 0's order over the rank-0 channel (c10d matches collectives by issue order).
-Two ranks, so sums are exact and results must be bit-identical: every optimizer x every policy
-with partitions that split tensors (and every policy with its default partition for SGD); tied
+Followers obey rank 0's order (c10d matches collectives by issue order). The native Core schedules
+the policies it implements (the default on the CPU), the Python Core the others, and both cases
+again on the Python Core. Two ranks, so sums are exact and results must be bit-identical: every
+optimizer x every policy with partitions that split tensors (and every policy with its default
+partition for SGD); tied
 weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
 the same loop habits once a start-up plan stays out and the buckets are all-reduced from backward's
 hooks (and clipping without synchronize() then still fails with the way out); eval; then 50 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per check (see torch_harness.Reporter).
@@ -19,8 +21,8 @@ from bytesched.core.config import POLICIES
 from bytesched.plugins.torch import BarrierCrossingError
 from torch_deadlock import no_deadlock
 from torch_harness import SPLIT, Reporter
-from torch_suites import (DistributedFlavor, checkpoint, evaluation, loop_habits, matrix, passing_through,
-                          run_baseline, run_scheduled, tied_weights)
+from torch_suites import (DistributedFlavor, both_cores, checkpoint, evaluation, loop_habits, matrix,
+                          passing_through, run_baseline, run_scheduled, tied_weights)
 
 
 def clip_while_passing(report: Reporter, flavor: DistributedFlavor) -> None:
@@ -43,6 +45,7 @@ def main() -> None:
     torch.set_num_threads(1)
     report = Reporter(flavor.rank)
     matrix(report, flavor, ["sgd", "adam", "adamw", "rmsprop"], POLICIES, 0.0)
+    both_cores(report, flavor, ("sgd", "adam"))
     tied_weights(report, flavor, ("sgd", "adam"), 0.0)
     name = "dist/backward_passes_per_step=2"
     report.run(name, lambda: report.same(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
-from bytesched.core import SubTask
+from bytesched.core import Config, Core, SubTask
 
 from .backend import Backend, operation_buffer
 from .fusion import unpack
@@ -37,10 +37,19 @@ class DistributedBackend(Backend):
     order = "rank0"
     fuses_by_itself = False
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, device: torch.device = torch.device("cpu")) -> None:
         self._group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self.device = device
+        """Where the gradients live (the native Core runs on CPU tensors)."""
+
+    def make_core(self, config: Config, **kwargs: Any) -> Core:
+        """The job's Core: native where it can be (:func:`.native.make_core`), unless a subclass
+        starts the pieces its own way (:meth:`start`), which only the Python Core calls."""
+        from .native import make_core
+        return make_core(config, self._group if self._group is not None else dist.group.WORLD, self.device,
+                         self.broadcast_int, own_start=type(self).start is not DistributedBackend.start, **kwargs)
 
     def barrier(self) -> None:
         dist.barrier(group=self._group)
