@@ -15,13 +15,14 @@ from conftest import require
 
 # The wrong values every variable of a kind must refuse (zero only where it is not "off").
 SIZE = ["-4MB", "0", "four", "4XB", "2000000TB"]
+SIZE_OR_OFF = ["-4MB", "00", "four", "4XB", "2000000TB"]
 SECONDS = ["-1", "0", "soon", "5ms", "1e12", "nan", "inf"]
 SECONDS_OR_OFF = ["-1", "soon", "5ms", "1e12", "nan", "inf"]
 COUNT_FROM_1 = ["-1", "0", "ten", "2.5", "99999999999"]
 COUNT_FROM_0 = ["-1", "ten", "2.5", "99999999999"]
 KINDS = {
     "BYTESCHED_PARTITION_BYTES": SIZE, "BYTESCHED_CREDIT_BYTES": SIZE, "BYTESCHED_FUSION_BYTES": SIZE,
-    "BYTESCHED_STAY_OUT_FUSION_BYTES": SIZE,
+    "BYTESCHED_STAY_OUT_FUSION_BYTES": SIZE, "BYTESCHED_BATCH_BYTES": SIZE_OR_OFF,
     "BYTESCHED_POLICY": ["fastest", ""], "BYTESCHED_ORDER": ["random", "0"],
     "BYTESCHED_STAY_OUT_PATH": ["always", ""], "BYTESCHED_TIMELINE": ["  "], "BYTESCHED_LOG_LEVEL": ["loud", "5"],
     "BYTESCHED_CHANNEL_HOST": [" "], "BYTESCHED_CHANNEL_PORT": ["0", "-1", "70000", "http", "29517.5"],

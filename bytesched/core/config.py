@@ -99,6 +99,10 @@ class SchedulingParams:
 
     partition_bytes: float | None = None
     credit_bytes: float = 16_000_000
+    batch_bytes: float = 0
+    """Batching while busy (:class:`~bytesched.core.scheduler.Scheduler`): sub-tasks smaller than
+    this that become ready while others are in flight start together as one backend operation of
+    at most this many bytes; 0: never."""
 
     def __post_init__(self) -> None:
         for name in ("partition_bytes", "credit_bytes"):
@@ -107,6 +111,8 @@ class SchedulingParams:
                 continue
             if not (value == UNLIMITED or (isinstance(value, (int, float)) and value >= 1)):
                 raise ConfigError(f"{name}={value!r} must be a positive number of bytes or UNLIMITED")
+        if not (self.batch_bytes == UNLIMITED or (isinstance(self.batch_bytes, (int, float)) and self.batch_bytes >= 0)):
+            raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be 0 (off), a number of bytes or UNLIMITED")
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,10 @@ def _size(name: str, text: str) -> float:
     return parse_size(text, name=name)
 
 
+def _size_or_off(name: str, text: str) -> float:
+    return 0 if text.strip() == "0" else parse_size(text, name=name)
+
+
 def _size_pair(name: str, text: str) -> tuple[int, int]:
     partition, colon, credit = text.partition(":")
     if not colon:
@@ -303,6 +313,10 @@ VARIABLES: tuple[Variable, ...] = (
              "Partition size: tensors are split into sub-tasks of at most this many bytes."),
     Variable("BYTESCHED_CREDIT_BYTES", "params.credit_bytes", _size, "16MB",
              "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
+    Variable("BYTESCHED_BATCH_BYTES", "params.batch_bytes", _size_or_off, "0 (off)",
+             "Batching while busy: sub-tasks smaller than this that become ready while others are in flight "
+             "start together as one backend operation of at most this many bytes (over torch.distributed; "
+             "0 switches it off). Unset, the start-up plan chooses it from the calibrated per-operation cost."),
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "

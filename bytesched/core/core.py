@@ -28,11 +28,11 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from .config import Config, SchedulingParams
 from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
-from .policies.follow import SubTaskKey
+from .policies.follow import SubTaskKey, announcement
 from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
 from .stall_check import StallCheck, describe
-from .task import CommTask, SubTask
+from .task import CommTask, SubTask, start_operation
 from .waiting import get_within
 
 log = logging.getLogger("bytesched")
@@ -504,13 +504,14 @@ class Core:
         if not started:
             return
         if self._publish:
-            self._channel.publish_order([s.key for s in started])  # type: ignore[union-attr]
+            self._channel.publish_order(announcement(started))  # type: ignore[union-attr]
         for sub in started:
             try:
-                sub.task.start(sub)
-            except Exception as exc:  # the plugin's backend refused: that task fails, not the Core
-                log.error("starting %r failed: %s", sub, exc)
-                sub.task.on_error(exc)
+                start_operation(sub)
+            except Exception as exc:  # the plugin's backend refused: those tasks fail, not the Core
+                log.error("starting %r failed: %s", sub.batch or sub, exc)
+                for task in {id(s.task): s.task for s in sub.batch or (sub,)}.values():
+                    task.on_error(exc)
 
     def _waiting_for(self, now: float) -> str:
         unfinished = self.scheduler.unfinished()

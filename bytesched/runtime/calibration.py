@@ -98,6 +98,14 @@ class NetworkCost:
                     "bandwidth": 2 * busiest * self.large_bytes / variable}
         raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
 
+    def batch_threshold(self) -> int:
+        """The size below which pieces are worth batching, from the linear cost
+        ``f(d) = a + b d`` through both measurements (Caramel's rule): the smallest ``x`` for which
+        two pieces of ``x`` sent as one cost over 0.8 of sending them apart,
+        ``f(2x) / 2f(x) > 0.8``, i.e. ``x = 1.5 a / b``; below it the fixed cost dominates."""
+        per_byte = (self.large_seconds - self.fixed_seconds) / self.large_bytes
+        return int(1.5 * self.fixed_seconds / per_byte)
+
     def describe(self) -> str:
         """One phrase for a log line."""
         return (f"{FIXED_BYTES} B in {self.fixed_seconds * 1e3:.2f} ms, {self.large_bytes / 1e6:g} MB in "

@@ -26,6 +26,8 @@ to the framework's own path.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from ..core.config import UNLIMITED, SchedulingParams
@@ -171,6 +173,22 @@ def fusion_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, fusion_byte
     fused = _search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
     ratio = fused / plan.stay_out_iteration_time
     return ratio <= 1 + FUSION_MARGIN, ratio
+
+
+BATCHING_MARGIN = 0.01
+"""The predicted gain batching while busy needs over the plan's sizes without it."""
+
+
+def batching_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, batch_bytes: int) -> tuple[bool, float]:
+    """Whether a sized ``plan`` (made for ``profile`` on ``cluster``) gains by batching pieces under
+    ``batch_bytes`` while busy on a backend that runs every collective alone (torch.distributed,
+    whose followers start rank 0's batches): predicted faster by :data:`BATCHING_MARGIN`. Returns
+    that and the predicted ratio of the iteration times (batched over not)."""
+    alone = dataclasses.replace(cluster, fusion_threshold=0)
+    base = _search_seconds(profile, alone, plan.policy, plan.params)
+    batched = _search_seconds(profile, alone, plan.policy, dataclasses.replace(plan.params, batch_bytes=batch_bytes))
+    ratio = batched / base
+    return ratio <= 1 - BATCHING_MARGIN, ratio
 
 
 def _search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams) -> float:

@@ -28,6 +28,7 @@ class SequencePolicy(Policy):
     """Start tasks in the cycle ``names`` (each name once per step), whole and in order."""
 
     name = "sequence"
+    batches = False  # every rank starts the agreed sequence by itself
 
     def __init__(self, leader: Policy, names: Sequence[str]) -> None:
         super().__init__(leader.params)

@@ -345,7 +345,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             (backend.order != "rank0" or self._alone_on_core())
         return self._observer(StartupPlan, backend, model_bytes, device,
                               stay_out_bound=_stay_out_bound(config, device, backend, model_bytes),
-                              weighs_fusion=_weighs_fusion(device),
+                              weighs_fusion=_weighs_fusion(device), batches=backend.batches,
                               pass_through_margin=_pass_through_margin(config, device), tries_sizes=tries_sizes)
 
     def _observer(self, kind: type[Observer], backend: Backend, model_bytes: int, device: torch.device,

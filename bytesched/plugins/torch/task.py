@@ -10,7 +10,8 @@ CUDA (see :mod:`.streams`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -62,6 +63,7 @@ class GradientTask(CommTask):
                  on_failed: Callable[[BaseException], None]) -> None:
         wire, context = backend.wire(pack(grads))
         super().__init__(bucket.name, bucket.priority, wire.numel() * wire.element_size())
+        self.batcher = backend.batcher_for(wire)
         self.bucket = bucket
         self.grads = grads
         self.wire = wire
@@ -124,3 +126,46 @@ class GradientTask(CommTask):
         that its credit returns and the task completes (the pipeline then discards it)."""
         self._on_failed(error)
         self.notify_finish(subtask)
+
+
+class GradientBatcher:
+    """Starts a batch of partitions, of one or several tasks whose wire buffers share a device and
+    a type, as one all-reduce (batching while busy, :mod:`bytesched.core.scheduler`): the pieces
+    are copied into one buffer, the backend sums it, and its completion copies each piece's sum
+    back before the piece's task hears of it. Every rank starts the same batches (rank 0's
+    announced order), so the sums are those of the pieces' own all-reduces, element by element."""
+
+    def __init__(self, all_reduce_async: Callable[[torch.Tensor], Any]) -> None:
+        self._all_reduce_async = all_reduce_async
+
+    def start_batch(self, batch: Sequence[SubTask]) -> None:
+        """Core thread: on CUDA after every task's gradients were computed, on the communication
+        stream (as :meth:`GradientTask.start`)."""
+        tasks: list[GradientTask] = list({id(sub.task): sub.task for sub in batch}.values())  # type: ignore[misc]
+        device = tasks[0].device
+        try:
+            with streams.comm_stream(device) if device.type == "cuda" else contextlib.nullcontext():
+                streams.wait([task.ready for task in tasks], device)
+                self._start(batch)
+        except Exception as error:  # the backend refused: every partition is over, badly
+            for sub in batch:
+                sub.task.fail(sub, error)  # type: ignore[attr-defined]
+
+    def _start(self, batch: Sequence[SubTask]) -> None:
+        pieces = [sub.payload.view(-1) for sub in batch]
+        flat = torch.cat(pieces)
+        work = self._all_reduce_async(flat)
+
+        def done(future: torch.futures.Future) -> None:
+            try:
+                future.value()  # raises the collective's error, if any
+                for piece, summed in zip(pieces, flat.split([piece.numel() for piece in pieces])):
+                    piece.copy_(summed)
+            except BaseException as error:
+                for sub in batch:
+                    sub.task.fail(sub, error)  # type: ignore[attr-defined]
+            else:
+                for sub in batch:
+                    sub.task.finish(sub)  # type: ignore[attr-defined]
+
+        work.get_future().then(done)
