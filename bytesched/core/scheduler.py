@@ -83,7 +83,7 @@ class Scheduler:
             raise SchedulingError(f"{task!r} was notified ready twice")
         task.t_ready = now
         if task.released_on_ready:  # the backend has started them already (see CommTask)
-            started = task.subtasks[:]
+            started = list(task.subtasks)
             inflight_before = self.window.inflight_bytes
             self.window.inflight_bytes += sum(sub.nbytes for sub in started)
             self.window.inflight_count += len(started)

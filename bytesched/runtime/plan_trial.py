@@ -59,8 +59,8 @@ def wants_trial(config: Config, arch: str, announced_on_cpu: bool = False) -> bo
     keeps the sizes can leave the job slower than the same sizes untried, for as long as it was
     measured. On 2 emulated ranks at 1 Gbit/s, MXNet's ResNet50 kept its 1 MB / 2 MB sizes in
     every trial and then ran at 1.11x plain Horovod, against 1.20x untried with the same sizes
-    (and still 0.91x of untried 15 steps after the trial); Horovod's response cache takes part: with ``HOROVOD_CACHE_CAPACITY=0`` the
-    gap fell to 2-4 % (docs/benchmarks.md)."""
+    (and still 0.91x of untried 15 steps after the trial); Horovod's response cache takes part:
+    with ``HOROVOD_CACHE_CAPACITY=0`` the gap fell to 2-4 % (docs/benchmarks.md)."""
     if config.plan_trial is not None:
         return config.plan_trial
     return arch == "ps" or announced_on_cpu

@@ -128,7 +128,8 @@ class Plan:
         """One line for a log: what was chosen."""
         if self.policy == "fifo":
             return "fifo: no partitioning, no credit limit (no predicted gain from scheduling)"
-        return (f"bytescheduler: {self.params.partition_bytes / 1e6:g} MB partitions, "
+        partition = self.params.partition_bytes / 1e6  # type: ignore[operator]  # a sized plan's is set
+        return (f"bytescheduler: {partition:g} MB partitions, "
                 f"{self.params.credit_bytes / 1e6:g} MB credit")
 
 

@@ -110,7 +110,7 @@ class GradientTask(CommTask):
         the calling thread's current stream (c10d runs future callbacks on streams that waited
         for the collective; Horovod reports a handle once its work is done)."""
         if self.ready is not None:  # CUDA: ``communicated`` is a list
-            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]
+            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]  # CUDA: a list
         self.notify_finish(subtask)
 
     def on_finish(self) -> None:
