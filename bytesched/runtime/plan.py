@@ -71,7 +71,7 @@ the prediction, keeps the sizes only where they ran faster. On 4 emulated CPU ra
 torch.distributed at 0.5-1 Gbit/s, the best sizes were predicted at 1.13x-1.23x, under
 :data:`RANK0_ORDER_MARGIN`'s bar; tried, they ran ResNet50, VGG16 and the Transformer at
 1.13x-1.21x of DDP at 0.5 Gbit/s and VGG16 at 1.18x at 1 Gbit/s, where staying out had run at
-1.00x-1.04x (docs/benchmarks.md)."""
+1.00x-1.04x (docs/experiments/torch-distributed.md)."""
 PS_MARGIN = 0.05
 """The predicted gain a sized plan needs on a parameter server (so 1.05x predicted). Workers
 follow rank 0's announced order there too, but a push waits for every worker's copy at the

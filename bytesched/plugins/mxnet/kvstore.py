@@ -81,7 +81,7 @@ in several server keys (one above MXNet's big-array bound, striped over the serv
 avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
 Core would start them: on views they went one after another, and the emulated VGG16 on 2
 workers at 1 Gbit/s ran at 0.83x the plain store; fenced, 1.33x, as fast as the Core starting
-every key on readiness (docs/benchmarks.md). The layout is the one the plan simulated as staying
+every key on readiness (docs/experiments/start-up-plan.md). The layout is the one the plan simulated as staying
 out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per
 key over the plain store, where the Core's path added 158 us (the overhead benchmark,
 docs/benchmarks.md). :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.

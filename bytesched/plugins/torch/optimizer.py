@@ -604,7 +604,7 @@ def _measures_paths(config: Config) -> bool:
     the Transformer 0.97x-0.98x and 1.02x-1.05x; on 4 emulated CPU ranks over Horovod at
     2.5-10 Gbit/s, where plain Horovod's wait spins beside the other ranks on the same cores,
     measuring ran 1.02x-1.24x plain Horovod against 0.91x-1.03x passing through as predicted
-    (docs/benchmarks.md)."""
+    (docs/experiments/gpu.md, docs/experiments/pytorch-stay-out.md)."""
     return config.stay_out_path != "predict"
 
 
