@@ -25,8 +25,8 @@ from bytesched.runtime.start_observer import CALIBRATION_ATTEMPTS
 from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
                                     stay_out_fusion, wants_plan)
 from bytesched.sim import make_cluster, run
-from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS, SEARCH_WARMUP,
-                                 Plan, candidate_sizes, fused_profile, fusion_pays, make_plan)
+from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS,
+                                 SEARCH_WARMUP, Plan, candidate_sizes, fused_profile, fusion_pays, make_plan)
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -258,8 +258,8 @@ def test_weighing_fuses_where_the_simulator_predicts_the_step_no_slower() -> Non
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=1_000_000, model_bytes=32_000_000, weighs_fusion=True).outcome
     assert outcome is not None and outcome.fusion_bytes == 8_000_000
-    assert re.search(r"; gradients fused into tasks filled to 8MB \(predicted \d\.\d\dx the time in the observed tasks\)$",
-                     outcome.summary), outcome.summary
+    assert re.search(r"; gradients fused into tasks filled to 8MB "
+                     r"\(predicted \d\.\d\dx the time in the observed tasks\)$", outcome.summary), outcome.summary
 
 
 def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,7 +270,8 @@ def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch:
     plan = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True)
     assert plan.outcome is not None and plan.outcome.params == STAY_OUT and plan.outcome.fusion_bytes is None
     assert ranks.sent[4] == 0 and plan.stay_out_fusion is None
-    assert plan.outcome.summary.endswith("; the observed tasks kept (fused into tasks filled to 25MB: predicted 1.07x their time)")
+    assert plan.outcome.summary.endswith(
+        "; the observed tasks kept (fused into tasks filled to 25MB: predicted 1.07x their time)")
 
 
 def test_fused_profile_merges_as_the_plugin_merges_its_buckets() -> None:
@@ -344,7 +345,8 @@ def test_a_follower_fuses_as_rank0_said() -> None:
 
 
 def test_a_follower_hears_that_rank0_measured_nothing() -> None:
-    outcome = _planned(1, BroadcastingRanks(1, answers=[1, 0, 0, 0, 0, PASSES_THROUGH_UNMEASURED]), fusion_bytes=None).outcome
+    answers = [1, 0, 0, 0, 0, PASSES_THROUGH_UNMEASURED]
+    outcome = _planned(1, BroadcastingRanks(1, answers=answers), fusion_bytes=None).outcome
     assert outcome is not None and outcome.passes_through and not outcome.measured
 
 

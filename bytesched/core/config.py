@@ -111,7 +111,8 @@ class SchedulingParams:
                 continue
             if not (value == UNLIMITED or (isinstance(value, (int, float)) and value >= 1)):
                 raise ConfigError(f"{name}={value!r} must be a positive number of bytes or UNLIMITED")
-        if not (self.batch_bytes == UNLIMITED or (isinstance(self.batch_bytes, (int, float)) and self.batch_bytes >= 0)):
+        batch = self.batch_bytes
+        if not (batch == UNLIMITED or (isinstance(batch, (int, float)) and batch >= 0)):
             raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be 0 (off), a number of bytes or UNLIMITED")
 
 

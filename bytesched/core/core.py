@@ -205,7 +205,7 @@ class Core:
             raise self._refusal(task)
         task.core = self
         # The signal sent once per sub-task: the queue's put (no Python call) unless a source waits.
-        task.notify_finish = self.post_finish  # type: ignore[method-assign]
+        task.notify_finish = self.post_finish  # type: ignore[method-assign, assignment]  # the per-task signal
         if ready:
             self._post((_ENQUEUE_READY, task))
         else:
@@ -237,7 +237,7 @@ class Core:
             self._source = source
             self.post_finish = self._post
             for task in self.scheduler.unfinished():  # enqueued before: their finishes wake it too
-                task.notify_finish = self._post  # type: ignore[method-assign]
+                task.notify_finish = self._post  # type: ignore[method-assign, assignment]  # as in enqueue
         self._on_core_thread(attach)
 
     def _post(self, event: Any) -> None:
@@ -454,19 +454,21 @@ class Core:
                 started += self._finish(finished, clock())
             self._start_all(started)
             now = clock()
-            if not started and sched.wake_at() is not None and now >= sched.wake_at():
+            wake_at = sched.wake_at()
+            if not started and wake_at is not None and now >= wake_at:
                 self._start_all(sched.tick(now))
             if self._completions and (self._next_poll is None or now >= self._next_poll):
                 self._poll(now)
             if stop_deadline is not None and (sched.idle or now >= stop_deadline):
                 if not sched.idle:
-                    self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
+                    self._fail_unfinished(
+                        CoreShutdownError("the bytesched Core was shut down before this task finished"))
                 return
             # Nothing of this wake-up stays referenced while the thread waits for the next: its
             # last run of finishes and its last event's task would keep the sub-tasks, their tasks
             # and what those hold alive into the next step, where Python's cyclic garbage
             # collector counts them.
-            started = finished = obj = None  # type: ignore[assignment]
+            started = finished = obj = None  # type: ignore[assignment]  # dropped, not used again
 
     def _finish(self, subs: list[SubTask], now: float) -> list[SubTask]:
         """A run of finish events: what they start; records them and tells completed tasks."""
@@ -504,7 +506,7 @@ class Core:
         if not started:
             return
         if self._publish:
-            self._channel.publish_order(announcement(started))  # type: ignore[union-attr]
+            self._channel.publish_order(announcement(started))  # type: ignore[union-attr]  # set with a channel
         for sub in started:
             try:
                 start_operation(sub)
@@ -541,7 +543,7 @@ _core: Core | None = None
 _core_lock = threading.Lock()
 
 
-def init(config: Config, **kwargs: object) -> Core:
+def init(config: Config, **kwargs: Any) -> Core:
     """Create and start this process's Core (idempotent). The plugins get theirs from
     :func:`bytesched.runtime.start_core`, which also stops it at exit; whoever calls ``init``
     directly calls :func:`shutdown` (the Core's thread is a daemon: it never keeps a process alive).
@@ -555,7 +557,7 @@ def init(config: Config, **kwargs: object) -> Core:
                 raise RuntimeError("bytesched Core is already running with another configuration; "
                                    "call bytesched.core.shutdown() first")
             return _core
-        _core = Core(config, **kwargs).start()  # type: ignore[arg-type]
+        _core = Core(config, **kwargs).start()
         return _core
 
 

@@ -98,7 +98,7 @@ class Scheduler:
             raise SchedulingError(f"{task!r} was notified ready twice")
         task.t_ready = now
         if task.released_on_ready:  # the backend has started them already (see CommTask)
-            started = task.subtasks[:]
+            started = list(task.subtasks)
             nbytes = sum(sub.nbytes for sub in started)
             self.window.inflight_bytes += nbytes
             self.window.inflight_count += len(started)

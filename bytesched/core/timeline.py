@@ -171,7 +171,7 @@ class ChromeTimeline:
     def _abandon(self) -> None:
         file, self._file = self._file, None
         with contextlib.suppress(OSError):  # flushing what is left fails the same way
-            file.close()  # type: ignore[union-attr]
+            file.close()  # type: ignore[union-attr]  # called while the file is open
 
     def close(self) -> None:
         """Write what is buffered and the closing bracket; idempotent."""

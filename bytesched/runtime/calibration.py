@@ -71,8 +71,9 @@ class NetworkCost:
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):
-            raise InconsistentCalibration(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
-                             f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
+            raise InconsistentCalibration(
+                f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
+                f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
 
     def simulator_options(self, arch: str, workers: int, servers: int | None = None,
                           striped: bool = True) -> dict[str, float]:

@@ -24,11 +24,12 @@ the rank-0 channel: :mod:`.channel_ranks`), so every rank applies the same sizes
 CommTask of the next step exists. Where the plan stays out, a plugin that offered a larger fusion
 bound (PyTorch on a GPU and over torch.distributed: :func:`stay_out_fusion`) is told in the same
 broadcast to fuse its gradients into larger tasks, where asked to weigh it only if the simulator
-predicts the observed step no slower in them (:func:`bytesched.sim.plan.fusion_pays`). A measurement or simulation that fails leaves the job where it
-is, staying out of the way, with a warning naming the reason: never a hang (every operation is a
-collective that every rank calls, bounded by the backend's own timeouts or the channel's) and
-never different results (sizes change how gradients travel, not what they sum to). A broadcast
-over the channel that fails is the exception: it raises, since some ranks may hold the value.
+predicts the observed step no slower in them (:func:`bytesched.sim.plan.fusion_pays`). A
+measurement or simulation that fails leaves the job where it is, staying out of the way, with a
+warning naming the reason: never a hang (every operation is a collective that every rank calls,
+bounded by the backend's own timeouts or the channel's) and never different results (sizes change
+how gradients travel, not what they sum to). A broadcast over the channel that fails is the
+exception: it raises, since some ranks may hold the value.
 
 The plan runs when ``BYTESCHED_PLAN`` is on (the default) and the job sets neither
 ``BYTESCHED_PARTITION_BYTES`` nor ``BYTESCHED_CREDIT_BYTES``, runs the ``bytescheduler`` policy,
@@ -71,7 +72,7 @@ the prediction, keeps the sizes only where they ran faster. On 4 emulated CPU ra
 torch.distributed at 0.5-1 Gbit/s, the best sizes were predicted at 1.13x-1.23x, under
 :data:`RANK0_ORDER_MARGIN`'s bar; tried, they ran ResNet50, VGG16 and the Transformer at
 1.13x-1.21x of DDP at 0.5 Gbit/s and VGG16 at 1.18x at 1 Gbit/s, where staying out had run at
-1.00x-1.04x (docs/benchmarks.md)."""
+1.00x-1.04x (docs/experiments/torch-distributed.md)."""
 PS_MARGIN = 0.05
 """The predicted gain a sized plan needs on a parameter server (so 1.05x predicted). Workers
 follow rank 0's announced order there too, but a push waits for every worker's copy at the
@@ -120,9 +121,9 @@ class PlanOutcome:
         params = self.params
         if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
             return "no partitioning, no credit limit" + fused + (", passing through" if self.passes_through else "")
+        partition = format_size(params.partition_bytes)  # type: ignore[arg-type]  # a plan's sizes are set
         batched = f", batching under {format_size(params.batch_bytes)}" if params.batch_bytes else ""
-        return (f"{format_size(params.partition_bytes)} partitions, {format_size(params.credit_bytes)} credit"  # type: ignore[arg-type]
-                f"{batched}{fused}")
+        return f"{partition} partitions, {format_size(params.credit_bytes)} credit{batched}{fused}"
 
 
 def wants_plan(config: Config, world_size: int) -> bool:
@@ -258,7 +259,8 @@ class StartupPlan(StartObserver):
         pays, ratio = fusion_pays(plan, job.profile, job.cluster, bound)
         if pays:
             return bound, f"{_fused(bound)} (predicted {ratio:.2f}x the time in the observed tasks)"
-        return None, f"the observed tasks kept (fused into tasks filled to {format_size(bound)}: predicted {ratio:.2f}x their time)"
+        return None, (f"the observed tasks kept (fused into tasks filled to {format_size(bound)}: "
+                      f"predicted {ratio:.2f}x their time)")
 
     @staticmethod
     def _weigh_batching(plan: Plan, job: ObservedJob, network: NetworkCost) -> tuple[SchedulingParams, str]:

@@ -58,7 +58,7 @@ Fewer tasks save each collective's CPU, which the simulator does not model; larg
 communicating later, which it does. On 4 emulated CPU ranks over torch.distributed, tasks of a
 quarter of the model ran at DDP's speed with less CPU at 2.5-10 Gbit/s, and the Transformer at
 1 Gbit/s, where communication lasts about as long as the backward pass, at 0.90x-0.95x where its
-1 MB tasks had run at 0.99x-1.01x (docs/benchmarks.md)."""
+1 MB tasks had run at 0.99x-1.01x (docs/experiments/torch-distributed.md)."""
 FINE_PARTITIONS = (250_000, 500_000)
 """The partitions below a megabyte a parameter server's plan also weighs, each at every credit of
 :data:`FINE_CREDITS`. A server holds each partition's key, so finer partitions spread a worker's
@@ -66,7 +66,7 @@ pushes over more servers' links, and a push preempts sooner. On the emulated par
 4 workers at 0.5 Gbit/s (24 MB of gradients), plans on them ran ResNet50, VGG16 and the
 Transformer at 1.40x, 1.63x and 1.59x the plain store, where megabyte plans ran 1.20x, 1.17x and
 1.36x side by side; at 1 Gbit/s ResNet50 gained 2-7 % and the Transformer lost 10 %
-(docs/benchmarks.md, "Finer partitions on the parameter server"). On all-reduce the simulator
+(docs/experiments/finer-partitions.md). On all-reduce the simulator
 predicted at most 4 % more from them on the emulated cells, where every piece is a collective
 whose CPU (Horovod's cycle, Gloo's threads) it models only in part: they are not weighed there."""
 FINE_CREDITS = (4_000_000, 8_000_000)
@@ -130,7 +130,8 @@ class Plan:
         """One line for a log: what was chosen."""
         if self.policy == "fifo":
             return "fifo: no partitioning, no credit limit (no predicted gain from scheduling)"
-        return (f"bytescheduler: {self.params.partition_bytes / 1e6:g} MB partitions, "
+        partition = self.params.partition_bytes / 1e6  # type: ignore[operator]  # a sized plan's is set
+        return (f"bytescheduler: {partition:g} MB partitions, "
                 f"{self.params.credit_bytes / 1e6:g} MB credit")
 
 

@@ -223,7 +223,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
             policy_object.set_graph(_tictac_graph(profile, plans, cluster, fabric, partition_bytes, spec.compute))
         workers.append(WorkerClass(index, loop, profile, plans, Scheduler(policy_object), backend,
                                    compute_scale=spec.compute, barrier=vanilla,
-                                   update_on_device=cluster.arch == "allreduce", batching=batching))
+                                   update_on_device=cluster.arch == "allreduce",
+                                   batches=backend if batching and isinstance(backend, _AllreduceBackend) else None))
     leader = workers[0]
     if follow_rank0:
         leader.followers = workers[1:]

@@ -29,8 +29,12 @@ class Backend(Protocol):
     def start(self, klass: int, sub: SubTask, task: "SimCommTask", done: Callable[[], None]) -> None:
         """Communicate ``sub`` for every worker of ``klass``; call ``done`` when it completed."""
 
+
+class BatchingBackend(Backend, Protocol):
+    """A backend that also runs several sub-tasks as one operation (batching while busy)."""
+
     def start_batch(self, klass: int, batch: Sequence[SubTask], done: Callable[[], None]) -> None:
-        """Communicate ``batch`` as one operation (batching while busy); ``done`` when it completed."""
+        """Communicate ``batch`` as one operation for every worker of ``klass``; ``done`` when it completed."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ class _Batcher:
     """A worker class's :class:`~bytesched.core.task.Batcher`: a batch is one operation of the
     simulated backend, and each of its sub-tasks finishes when it does."""
 
-    def __init__(self, worker: "WorkerClass") -> None:
+    def __init__(self, worker: "WorkerClass", backend: BatchingBackend) -> None:
         self.worker = worker
+        self.backend = backend
 
     def start_batch(self, batch: Sequence[SubTask]) -> None:
         worker = self.worker
@@ -101,7 +106,7 @@ class _Batcher:
         def done() -> None:
             for sub in batch:
                 worker.finished(sub)
-        worker.backend.start_batch(worker.index, batch, done)
+        self.backend.start_batch(worker.index, batch, done)
 
 
 class WorkerClass:
@@ -109,13 +114,14 @@ class WorkerClass:
 
     def __init__(self, index: int, loop: EventLoop, profile: ModelProfile, plans: Sequence[TensorPlan],
                  scheduler: Scheduler, backend: Backend, *, compute_scale: float, barrier: bool,
-                 update_on_device: bool, batching: bool = False) -> None:
+                 update_on_device: bool, batches: BatchingBackend | None = None) -> None:
         self.index = index
         self.loop = loop
         self.scheduler = scheduler
         self.backend = backend
         self.barrier = barrier
-        self.batcher = _Batcher(self) if batching else None
+        self.batcher = None if batches is None else _Batcher(self, batches)
+        """Where its tasks' sub-tasks start in batches (batching while busy), or None."""
         layers = profile.layers
         self.forward = [layer.forward * compute_scale for layer in layers]
         self.backward = [layer.backward * compute_scale for layer in layers]

@@ -64,11 +64,11 @@ def skewed(store_cls: type) -> type:
             self._held: list[tuple] = []
             self._count = 0
 
-        def init(self, key, value):  # noqa: ANN001, ANN201 - MXNet's signature
+        def init(self, key, value):
             self._count += 1 if not isinstance(key, (list, tuple)) else len(key)
             super().init(key, value)
 
-        def pushpull(self, key, value, out=None, priority=0):  # noqa: ANN001, ANN201
+        def pushpull(self, key, value, out=None, priority=0):
             if os.environ["BYTESCHED_RANK"] != "1":
                 return super().pushpull(key, value, out=out, priority=priority)
             self._held.append((key, value, out, priority))
@@ -85,20 +85,20 @@ def skewed(store_cls: type) -> type:
 def str_keyed(store_cls: type) -> type:
     """``store_cls`` that receives str keys ("param<index>") where the Trainer passes ints."""
 
-    def named(key):  # noqa: ANN001, ANN202 - a key or a list of keys
+    def named(key):
         # a str key is already named: the store's broadcast calls init with it
         if isinstance(key, (list, tuple)):
             return [named(k) for k in key]
         return key if isinstance(key, str) else f"param{key}"
 
     class StrKeyed(store_cls):  # type: ignore[misc, valid-type]
-        def init(self, key, value):  # noqa: ANN001, ANN201 - MXNet's signatures
+        def init(self, key, value):
             super().init(named(key), value)
 
-        def broadcast(self, key, value, out, priority=0):  # noqa: ANN001, ANN201
+        def broadcast(self, key, value, out, priority=0):
             super().broadcast(named(key), value, out, priority=priority)
 
-        def pushpull(self, key, value, out=None, priority=0):  # noqa: ANN001, ANN201
+        def pushpull(self, key, value, out=None, priority=0):
             super().pushpull(named(key), value, out=out, priority=priority)
 
     return StrKeyed

@@ -6,7 +6,9 @@ Two ranks, so sums are exact and results must be bit-identical: every optimizer 
 with partitions that split tensors (and every policy with its default partition for SGD); tied
 weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
 the same loop habits once a start-up plan stays out and the buckets are all-reduced from backward's
-hooks (and clipping without synchronize() then still fails with the way out); eval; then 50 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per check (see torch_harness.Reporter).
+hooks (and clipping without synchronize() then still fails with the way out); eval; then 50
+seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per
+check (see torch_harness.Reporter).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def clip_while_passing(report: Reporter, flavor: DistributedFlavor) -> None:
     try:
         run_scheduled(flavor, "cnn", "sgd", SPLIT, passing=True, between=clip)
     except BarrierCrossingError as error:
-        report.result("pass/clip_without_synchronize", "modified in place" in str(error) and "synchronize()" in str(error),
+        report.result("pass/clip_without_synchronize",
+                      "modified in place" in str(error) and "synchronize()" in str(error),
                       f"message={str(error)[:160]!r}")
     else:
         report.result("pass/clip_without_synchronize", False, "no BarrierCrossingError raised")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Sequence
 
+from ..config import SchedulingParams
 from ..task import CommTask, SubTask
 from .base import Policy, Window
 from .fifo import FifoPolicy
@@ -47,7 +48,7 @@ class ImmediatePolicy(FifoPolicy):
     def partition_bytes(self) -> float:
         return self.leader.partition_bytes()
 
-    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+    def set_params(self, params: SchedulingParams) -> None:
         super().set_params(params)
         self.leader.set_params(params)
 
@@ -69,7 +70,7 @@ class FollowOrderPolicy(Policy):
     def partition_bytes(self) -> float:
         return self.leader.partition_bytes()
 
-    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+    def set_params(self, params: SchedulingParams) -> None:
         super().set_params(params)
         self.leader.set_params(params)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
+from ..config import SchedulingParams
 from ..task import CommTask, SubTask
 from .base import Policy, Window
 
@@ -43,7 +44,7 @@ class SequencePolicy(Policy):
     def partition_bytes(self) -> float:
         return self.leader.partition_bytes()
 
-    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+    def set_params(self, params: SchedulingParams) -> None:
         super().set_params(params)
         self.leader.set_params(params)
 

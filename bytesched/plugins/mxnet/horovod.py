@@ -190,8 +190,9 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._tuning_wanted = False
             warm = self._observer(TuningWarmStart, weights, grads) \
                 if wants_warm_start(self._config, hvd.size()) else None
-            self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
-                                              arch="allreduce", model_bytes=self._model_bytes(grads), warm_start=warm)
+            self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(),
+                                              channel=channel_of(self._core), arch="allreduce",
+                                              model_bytes=self._model_bytes(grads), warm_start=warm)
             self._sizes.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
@@ -265,7 +266,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             if bucket is None or not bucket.matches(members, member_grads):
                 bucket = self._buckets[members[0]] = Bucket(members, member_grads, self._events.library)
             bucket.pack()
-            self._submit(bucket.name, members[0], bucket.buffer, sum(facts[j].size for j in run), facts[run[0]].itemsize)
+            self._submit(bucket.name, members[0], bucket.buffer, sum(facts[j].size for j in run),
+                         facts[run[0]].itemsize)
             bucket.unpack()
 
     def _facts_of(self, index: int, grad: mx.nd.NDArray) -> "_Facts":

@@ -81,7 +81,7 @@ in several server keys (one above MXNet's big-array bound, striped over the serv
 avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
 Core would start them: on views they went one after another, and the emulated VGG16 on 2
 workers at 1 Gbit/s ran at 0.83x the plain store; fenced, 1.33x, as fast as the Core starting
-every key on readiness (docs/benchmarks.md). The layout is the one the plan simulated as staying
+every key on readiness (docs/experiments/start-up-plan.md). The layout is the one the plan simulated as staying
 out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per
 key over the plain store, where the Core's path added 158 us (the overhead benchmark,
 docs/benchmarks.md). :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
@@ -283,9 +283,9 @@ class ScheduledKVStore(KVStoreBase):
         self._installed_for: tuple[tuple[int, int], int, int] | None = None  # (version, generation, keys)
         self._previous_parts: dict[int, Part] = {}
         # Per key, the array that last received the key's server value (init, pull): what a
-        # re-partition initialises the new server keys with, unless the key was pushed since. (Pulling the old keys instead is
-        # not safe: MXNet's dist store pulls into the buffer of the last push, on the CPU the
-        # gradient itself, which by then holds the next step's gradient.)
+        # re-partition initialises the new server keys with, unless the key was pushed since.
+        # (Pulling the old keys instead is not safe: MXNet's dist store pulls into the buffer of the
+        # last push, on the CPU the gradient itself, which by then holds the next step's gradient.)
         self._last_value: dict[UserKey, mx.nd.NDArray] = {}
         self._pushed_since_pull: set[UserKey] = set()
         self.step = 0
@@ -356,7 +356,8 @@ class ScheduledKVStore(KVStoreBase):
 
     def init(self, key: Any, value: Any) -> None:
         """Lay out each key's server keys and initialise them with zero-copy slices of ``value``."""
-        keys, values = [], []
+        keys: list[int] = []
+        values = []
         for user_key, arrays in self._pairs(key, value):
             if len(arrays) != 1:
                 raise ValueError(f"init of key {user_key!r}: give one array per key, got {len(arrays)}")
@@ -373,7 +374,8 @@ class ScheduledKVStore(KVStoreBase):
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         """Initialise from rank 0's ``value`` and pull the result into ``out`` (as MXNet does)."""
         self.init(key, value)
-        keys, outs = [], []
+        keys: list[int] = []
+        outs = []
         for user_key, arrays in self._pairs(key, out):
             layout = self._table[user_key]
             self._last_value[user_key] = arrays[0]
@@ -507,7 +509,8 @@ class ScheduledKVStore(KVStoreBase):
         self._previous_parts = self._parts(layouts)
         pairs = self._table.repartition(size)
         self.library.to_default_layout([self._last_value[new.user_key] for _, new in pairs])
-        new_keys, values = [], []
+        new_keys: list[int] = []
+        values = []
         for _, new in pairs:
             flat = self._last_value[new.user_key].reshape(-1)
             new_keys += new.server_keys
@@ -550,7 +553,7 @@ class ScheduledKVStore(KVStoreBase):
         with self._lock:
             self._tasks[task.token] = task
         self._core.enqueue(task)
-        task.post_store_call(views, call, priority)  # type: ignore[arg-type]
+        task.post_store_call(views, call, priority)  # type: ignore[arg-type]  # the Core's path: Avatars
         return None
 
     def _store_call(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
@@ -603,10 +606,10 @@ class ScheduledKVStore(KVStoreBase):
                                                   tries_sizes=wants_trial(self.config, "ps"))
         self._tuning_wanted = self._plan_wanted = False
 
-    def _observer(self, kind: type[Observer], model_bytes: int, **options: Any) -> Observer:
+    def _observer(self, kind: Callable[..., Observer], model_bytes: int, **options: Any) -> Observer:
         """A start-up plan or tuning warm start observing this store's steps, timing a push+pull
         on keys of its own; rank 0's choice travels over the rank-0 channel."""
-        ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]
+        ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]  # ps: set
                              self._kv._barrier, self.config.channel_timeout_s)
         return kind(self._core, ranks, self._timed_pushpull, arch="ps", model_bytes=model_bytes,
                     drain=self.wait_idle, servers=self._table.num_servers, bigarray_bound=self._table.bigarray_bound,

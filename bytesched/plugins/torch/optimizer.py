@@ -28,6 +28,7 @@ from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, stay_out_fusion, wants_plan
+from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
@@ -147,7 +148,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
 
     # -- the torch.optim API ------------------------------------------------------------------
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's groups (an LR scheduler changes them there)."""
         return self._inner.param_groups
 
@@ -156,7 +157,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._inner.param_groups = groups
 
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         """The wrapped optimizer's per-parameter state."""
         return self._inner.state
 
@@ -165,7 +166,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._inner.state = state
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         """The wrapped optimizer's defaults."""
         return self._inner.defaults
 
@@ -173,7 +174,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def defaults(self, defaults: dict[str, Any]) -> None:
         self._inner.defaults = defaults
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Crossing the barrier: release this iteration's updates and return at once (no closure).
         Barrier mode, or passing through: wait for every all-reduce, then run the wrapped
         optimizer's step."""
@@ -259,7 +260,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._trial_outcome
 
     @property
-    def plan_trial(self) -> path_trial.TrialOutcome | None:
+    def plan_trial(self) -> TrialOutcome | None:
         """What timing the plan's sizes against staying out measured and kept, once a plan that
         chose sizes did so (``BYTESCHED_PLAN_TRIAL``)."""
         return self._sizes.trial_outcome
@@ -603,7 +604,7 @@ def _measures_paths(config: Config) -> bool:
     the Transformer 0.97x-0.98x and 1.02x-1.05x; on 4 emulated CPU ranks over Horovod at
     2.5-10 Gbit/s, where plain Horovod's wait spins beside the other ranks on the same cores,
     measuring ran 1.02x-1.24x plain Horovod against 0.91x-1.03x passing through as predicted
-    (docs/benchmarks.md)."""
+    (docs/experiments/gpu.md, docs/experiments/pytorch-stay-out.md)."""
     return config.stay_out_path != "predict"
 
 

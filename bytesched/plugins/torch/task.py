@@ -10,8 +10,7 @@ CUDA (see :mod:`.streams`).
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
@@ -112,7 +111,7 @@ class GradientTask(CommTask):
         the calling thread's current stream (c10d runs future callbacks on streams that waited
         for the collective; Horovod reports a handle once its work is done)."""
         if self.ready is not None:  # CUDA: ``communicated`` is a list
-            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]
+            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]  # CUDA: a list
         self.notify_finish(subtask)
 
     def on_finish(self) -> None:
@@ -141,17 +140,17 @@ class GradientBatcher:
     def start_batch(self, batch: Sequence[SubTask]) -> None:
         """Core thread: on CUDA after every task's gradients were computed, on the communication
         stream (as :meth:`GradientTask.start`)."""
-        tasks: list[GradientTask] = list({id(sub.task): sub.task for sub in batch}.values())  # type: ignore[misc]
-        device = tasks[0].device
+        owners = [cast(GradientTask, sub.task) for sub in batch]  # a batcher of GradientTasks only
+        device = owners[0].device
         try:
-            with streams.comm_stream(device) if device.type == "cuda" else contextlib.nullcontext():
-                streams.wait([task.ready for task in tasks], device)
-                self._start(batch)
+            with streams.comm_stream(device):
+                streams.wait({id(task): task.ready for task in owners}.values(), device)
+                self._start(batch, owners)
         except Exception as error:  # the backend refused: every partition is over, badly
-            for sub in batch:
-                sub.task.fail(sub, error)  # type: ignore[attr-defined]
+            for sub, task in zip(batch, owners):
+                task.fail(sub, error)
 
-    def _start(self, batch: Sequence[SubTask]) -> None:
+    def _start(self, batch: Sequence[SubTask], owners: list[GradientTask]) -> None:
         pieces = [sub.payload.view(-1) for sub in batch]
         flat = torch.cat(pieces)
         work = self._all_reduce_async(flat)
@@ -162,10 +161,10 @@ class GradientBatcher:
                 for piece, summed in zip(pieces, flat.split([piece.numel() for piece in pieces])):
                     piece.copy_(summed)
             except BaseException as error:
-                for sub in batch:
-                    sub.task.fail(sub, error)  # type: ignore[attr-defined]
+                for sub, task in zip(batch, owners):
+                    task.fail(sub, error)
             else:
-                for sub in batch:
-                    sub.task.finish(sub)  # type: ignore[attr-defined]
+                for sub, task in zip(batch, owners):
+                    task.finish(sub)
 
         work.get_future().then(done)
