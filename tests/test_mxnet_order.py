@@ -52,7 +52,8 @@ def deep(hybridize: bool = False, contexts: list | None = None) -> gluon.nn.Hybr
 def first_reads(net: gluon.Block, watch: ForwardWatch) -> list[str]:
     """``net``'s parameters in the order the watched pass first read them (any context's array)."""
     forward = watch.stop()
-    positions = {name: min(forward.first_reads[handle_of(a)] for a in p.list_data() if handle_of(a) in forward.first_reads)
+    first = forward.first_reads
+    positions = {name: min(first[handle_of(a)] for a in p.list_data() if handle_of(a) in first)
                  for name, p in net.collect_params().items()}
     return sorted(positions, key=positions.__getitem__)
 

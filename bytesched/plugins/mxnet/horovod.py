@@ -15,9 +15,9 @@ starts a collective only once every rank submitted it, so rank 0's release order
 global one. Everything else (learning rate, states) is Horovod's optimizer's, as with Horovod.
 
 Priorities and buckets follow the order in which the first forward pass reads the parameters
-(:mod:`.trace`: watched from this optimizer's creation to its first update; the parameters are
-the Trainer's ``param_dict``), not the Trainer's index, which for ``net.collect_params()`` is
-sorted-name order; parameters the pass did not read follow by index. Fusion then joins neighbours
+(:mod:`.trace`: watched from this optimizer's creation to the first backward pass; the
+parameters are the Trainer's ``param_dict``), not the Trainer's index, which for
+``net.collect_params()`` is sorted-name order; parameters the pass did not read follow by index. Fusion then joins neighbours
 in the forward order. Rank 0's order is broadcast at the first update, so every rank fuses alike
 and Horovod sees the same names everywhere, even where a forward pass reads differently per rank.
 The order is logged once and recorded on the timeline; under ``tictac`` the traced pass is
@@ -111,7 +111,7 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
         self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
         self._passes_through = not self._config.scheduling  # BYTESCHED_POLICY=off: Horovod's own path throughout
-        # Priorities (module doc): the first forward pass, watched until the first update.
+        # Priorities (module doc): the first forward pass, watched until the first backward pass.
         self._watch = ForwardWatch() if self._config.scheduling else None
         self._ranks: dict[int, int] | None = None  # Trainer index -> rank in the forward order
         self._orders: dict[tuple[int, ...], list[int]] = {}  # an update call's indices -> positions by rank
@@ -342,14 +342,16 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         if order is None:
             ranks = self._ranks
             assert ranks is not None
-            order = self._orders[key] = sorted(range(len(key)), key=lambda j: ranks.get(int(key[j]), len(ranks) + int(key[j])))
+            order = self._orders[key] = sorted(range(len(key)),
+                                               key=lambda j: ranks.get(int(key[j]), len(ranks) + int(key[j])))
         return order
 
     def _name_tasks(self, indices: Sequence[Any], runs: Sequence[Sequence[int]]) -> None:
         """Under ``tictac``: where this call's buckets name a task anew, hand the Core the
         traced pass with every parameter's task as TicTac's graph (module doc)."""
         assert self._forward is not None
-        named = {int(indices[j]): "allreduce:" + task_name([int(indices[k]) for k in run]) for run in runs for j in run}
+        named = {int(indices[j]): "allreduce:" + task_name([int(indices[k]) for k in run])
+                 for run in runs for j in run}
         if all(self._task_of.get(index) == name for index, name in named.items()):
             return
         self._task_of.update(named)

@@ -12,8 +12,8 @@ push of the next and both directions of every link are busy.
 
 Priorities. The priority MXNet hands the store is the Trainer's index of the parameter, and a
 Trainer given ``net.collect_params()`` (a dict) numbers the parameters by sorted name: ``conv10``
-before ``conv2``. The store therefore watches the first forward pass from its creation
-(:mod:`.trace`) and, at its first push or pull, ranks the keys by the order in which that pass
+before ``conv2``. The store therefore watches the first forward pass (from its creation to the
+first backward pass, :mod:`.trace`) and, at its first push or pull, ranks the keys by the order in which that pass
 first read their arrays (the arrays ``init``/``broadcast`` gave it: the Trainer's are the
 parameters' own); keys the pass did not read follow in the order they were initialised, and a key
 initialised later after them. That order is the same on every worker for the same model; with
@@ -315,7 +315,8 @@ class ScheduledKVStore(KVStoreBase):
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, what each key's last operation writes
         self._calls: dict[tuple[str, UserKey], tuple[Any, StoreCall]] = {}  # _store_call's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
-        # Priorities (module doc): the first forward pass, watched until the first push or pull.
+        # Priorities (module doc): the first forward pass, watched until the first backward pass
+        # (or the first push or pull, if that comes first).
         self._watch = ForwardWatch() if self.config.scheduling else None
         self._leaves: dict[UserKey, list[Any]] = {}  # each key's arrays (handles), from init/broadcast
         self._ranks: dict[UserKey, int] | None = None  # None: the caller's priorities
