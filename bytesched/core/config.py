@@ -17,15 +17,16 @@ from typing import Any, Callable, Mapping
 
 log = logging.getLogger("bytesched")
 
-POLICIES = ("bytescheduler", "fifo", "p3", "prophet")
-"""The policies a job can run (``BYTESCHED_POLICY``)."""
+POLICIES = ("bytescheduler", "fifo", "p3", "prophet", "tictac")
+"""The policies a job can run (``BYTESCHED_POLICY``). ``tictac`` orders by the graph the plugins
+trace from the first forward pass (TIC; the simulator builds it from its profile, with durations:
+TAC)."""
 OFF = "off"
 """``BYTESCHED_POLICY=off``: no scheduling (:attr:`Config.scheduling` is False)."""
 SCHEDULING_OFF = f"scheduling is off (BYTESCHED_POLICY={OFF})"
 """How messages name that setting."""
-SIMULATED_POLICIES = (*POLICIES, "tictac")
-"""The policies the simulator can run: TicTac orders transfers from the model's computation graph
-with op durations, which only the simulator builds (from its profile), so it is simulator-only."""
+SIMULATED_POLICIES = POLICIES
+"""The policies the simulator can run: every one a job can."""
 ORDER_MODES = ("auto", "rank0", "immediate")
 STAY_OUT_PATHS = ("auto", "measure", "predict")
 """How a start-up plan that stays out of the way picks its path (``BYTESCHED_STAY_OUT_PATH``)."""
@@ -233,10 +234,6 @@ def _size_pair(name: str, text: str) -> tuple[int, int]:
 
 
 def _check_runtime_policy(name: str, value: str) -> None:
-    if value == "tictac":
-        raise ConfigError(f"{name}={value!r}: TicTac orders transfers from the model's computation graph, which "
-                          "only the simulator builds (`bytesched simulate --policy tictac`); a job can run one of "
-                          + ", ".join(POLICIES))
     if value not in POLICIES:
         raise ConfigError(f"{name}={value!r} is unknown: expected one of {', '.join(POLICIES)}"
                           + (f" (or {OFF} in BYTESCHED_POLICY, which sets scheduling=False)" if value == OFF else ""))

@@ -27,8 +27,9 @@ import time
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from .config import Config, SchedulingParams
-from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
+from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, TicTacPolicy, make_policy
 from .policies.follow import SubTaskKey, announcement
+from .policies.tictac import TicTacGraph
 from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
 from .stall_check import StallCheck, describe
@@ -288,6 +289,25 @@ class Core:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(IDLE_POLL_S)
+
+    def set_graph(self, graph: TicTacGraph) -> list[str] | None:
+        """The iteration's computation graph as a plugin traced it (the first forward pass, with
+        no durations): a ``tictac`` policy orders its tasks by TIC on it from now on, also those
+        already waiting (:meth:`~.policies.tictac.TicTacPolicy.set_graph`). Returns the order
+        (task names, first first), or None where the Core's policy is not ``tictac``, which
+        has no use for a graph. Every rank may call it: only the policy that orders (rank 0's,
+        over Horovod each rank's own) reads it."""
+        def apply() -> list[str] | None:
+            policy: Any = self.policy if self._replaced_order is None else self._replaced_order[0]
+            while not isinstance(policy, TicTacPolicy) and hasattr(policy, "leader"):
+                policy = policy.leader
+            if not isinstance(policy, TicTacPolicy):
+                return None
+            policy.set_graph(graph, variant="tic")
+            return sorted(policy.ranks, key=policy.ranks.__getitem__)
+        if self.running:
+            return self.query(apply, timeout=120.0)
+        return apply()
 
     def start_in_sequence(self, names: Sequence[str]) -> None:
         """From now on, every rank starts whole tasks in the cycle ``names`` (each task name once

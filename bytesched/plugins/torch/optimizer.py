@@ -25,8 +25,10 @@ from torch import nn
 
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
+from bytesched.core.forward import ForwardRecorder
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
+from bytesched.runtime.forward_order import announce, order_by_graph
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, stay_out_fusion, wants_plan
 from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan_trial import wants_trial
@@ -105,8 +107,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                         PartialStep(optimizer, self._plain_step), passes)
         sink = self._core.timeline
         self._timeline = StepTimeline(sink) if isinstance(sink, ChromeTimeline) else None
-        self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots),
-                                       on_wait=None if self._timeline is None else self._timeline.forward_wait)
+        # Under tictac the trace also records which functions use which results: TicTac's graph.
+        self._recorder = ForwardRecorder() if config.policy == "tictac" else None
+        self._proxies = ForwardProxies(model, slots, self._pipeline,
+                                       ForwardTrace((slot.param for slot in slots), self._recorder),
+                                       on_wait=None if self._timeline is None else self._timeline.forward_wait,
+                                       on_settle=self._order_settled)
         self._ready_hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
                              for slot in slots]
         self._hooks = []
@@ -471,6 +477,15 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                                    first_step=self._steps - 1)
         log.info("bytesched: %s; from step %d on, gradients take %s's own path", reason, self._steps - 1,
                  self._backend.name)
+
+    def _order_settled(self, read: list[ParamSlot], unread: list[ParamSlot]) -> None:
+        """The first forward pass gave the priorities: say so once and, under ``tictac``, hand
+        the Core the traced pass, each parameter brought by its bucket's task, as TicTac's
+        graph (:mod:`bytesched.runtime.forward_order`)."""
+        announce(self._core, [slot.name for slot in read], [slot.name for slot in unread], traced=True)
+        if self._recorder is not None:
+            forward, self._recorder = self._recorder.finish(), None
+            order_by_graph(self._core, forward, {id(slot.param): [slot.bucket.name] for slot in self._pipeline.slots})
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline
