@@ -4,7 +4,7 @@ The plan predicts from one observed step and two timed operations; where the net
 while it times them, or the simulator misses a cost (the Core's work per partition, the channel's
 announcements), sizes predicted to gain can lose: on 2 emulated parameter-server workers at
 2.5 Gbit/s, a plan that chose sizes from a disturbed calibration (16 MB timed in 219 ms instead of
-about 110) ran ResNet50 at 0.82x the plain store (docs/benchmarks.md). A job that keeps sizes
+about 110) ran ResNet50 at 0.82x the plain store (docs/experiments/start-up-plan.md). A job that keeps sizes
 should have seen them win. So, after a sized plan, every rank runs :data:`~.path_trial.TRIAL_STEPS`
 steps on its sizes, then as many staying out (no partitioning, no credit limit) on the
 framework's own path (passing through), the first step of each left out, and keeps the sizes
@@ -59,8 +59,8 @@ def wants_trial(config: Config, arch: str, announced_on_cpu: bool = False) -> bo
     keeps the sizes can leave the job slower than the same sizes untried, for as long as it was
     measured. On 2 emulated ranks at 1 Gbit/s, MXNet's ResNet50 kept its 1 MB / 2 MB sizes in
     every trial and then ran at 1.11x plain Horovod, against 1.20x untried with the same sizes
-    (and still 0.91x of untried 15 steps after the trial); Horovod's response cache takes part: with ``HOROVOD_CACHE_CAPACITY=0`` the
-    gap fell to 2-4 % (docs/benchmarks.md)."""
+    (and still 0.91x of untried 15 steps after the trial); Horovod's response cache takes part:
+    with ``HOROVOD_CACHE_CAPACITY=0`` the gap fell to 2-4 % (docs/experiments/plan-trial.md)."""
     if config.plan_trial is not None:
         return config.plan_trial
     return arch == "ps" or announced_on_cpu

@@ -225,7 +225,7 @@ class StoreCall:
     Made by the library, the store's operation costs the training thread no call into MXNet's
     Python API, which converts its arguments on every call and lets go of the GIL, then has to win
     it back from the Core's thread and the engine's: on a local store, 6.9 us per pushpull of one
-    key against 3.1 us through the library (docs/benchmarks.md).
+    key against 3.1 us through the library (docs/experiments/per-tensor-cost.md).
     """
 
     def __init__(self, store: mx.kv.KVStore, keys: Sequence[int], values: Sequence[Sequence[mx.nd.NDArray]],
