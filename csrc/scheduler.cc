@@ -109,6 +109,7 @@ class ImmediatePolicy : public FifoPolicy {
  public:
   explicit ImmediatePolicy(std::shared_ptr<Policy> leader) : FifoPolicy(leader->params), leader_(leader) {}
   const char* name() const override { return "immediate"; }
+  bool batches() const override { return false; }
   double partition_bytes() const override { return leader_->partition_bytes(); }
   void set_params(const Params& p) override {
     params = p;
@@ -120,43 +121,68 @@ class ImmediatePolicy : public FifoPolicy {
   std::shared_ptr<Policy> leader_;
 };
 
-// FollowOrderPolicy: rank 0's announced order, each sub-task once it is ready here.
+// FollowOrderPolicy: rank 0's announced operations in order, each once every sub-task of it is
+// ready here (a batch of rank 0's starts as one here too).
 class FollowPolicy : public Policy {
  public:
   explicit FollowPolicy(std::shared_ptr<Policy> leader) : Policy(leader->params), leader_(leader) {}
   const char* name() const override { return "rank0-follower"; }
+  bool batches() const override { return false; }
   double partition_bytes() const override { return leader_->partition_bytes(); }
   void set_params(const Params& p) override {
     params = p;
     leader_->set_params(p);
   }
   std::shared_ptr<Policy> leader() override { return leader_; }
-  void announce(const std::vector<Key>& keys) { order_.insert(order_.end(), keys.begin(), keys.end()); }
+  void announce(const std::vector<Key>& keys, const std::vector<bool>& joins) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (joins[i] && !sizes_.empty()) ++sizes_.back();
+      else sizes_.push_back(1);
+      order_.push_back(keys[i]);
+    }
+  }
   void push(Task& task) override {
     for (int32_t i = 0; i < static_cast<int32_t>(task.subs.size()); ++i)
       ready_[Key{task.name, task.instance, i}] = Start{&task, i};
   }
   void release(Window& window, std::vector<Start>& out) override {
-    while (!order_.empty()) {
-      auto found = ready_.find(order_.front());
-      if (found == ready_.end()) return;
-      Start start = found->second;
-      ready_.erase(found);
-      order_.pop_front();
-      window.inflight_bytes += start.task->subs[start.index].nbytes;
-      window.inflight_count += 1;
-      out.push_back(start);
+    while (!sizes_.empty() && head_ready()) {
+      int64_t count = sizes_.front();
+      sizes_.pop_front();
+      for (int64_t i = 0; i < count; ++i) {
+        auto found = ready_.find(order_.front());
+        Start start = found->second;
+        start.joins = i > 0;
+        ready_.erase(found);
+        order_.pop_front();
+        window.inflight_bytes += start.task->subs[start.index].nbytes;
+        window.inflight_count += 1;
+        out.push_back(start);
+      }
     }
   }
+  // The first key of the next announced operation not ready here (FollowOrderPolicy.waiting_for).
   bool missing(Key* key) const {
-    if (order_.empty() || ready_.count(order_.front())) return false;
-    *key = order_.front();
-    return true;
+    if (sizes_.empty()) return false;
+    for (int64_t i = 0; i < sizes_.front(); ++i) {
+      if (!ready_.count(order_[i])) {
+        *key = order_[i];
+        return true;
+      }
+    }
+    return false;
   }
 
  private:
+  bool head_ready() const {
+    for (int64_t i = 0; i < sizes_.front(); ++i)
+      if (!ready_.count(order_[i])) return false;
+    return true;
+  }
+
   std::shared_ptr<Policy> leader_;
   std::deque<Key> order_;
+  std::deque<int64_t> sizes_;  // the announced operations' sub-task counts, in order
   std::unordered_map<Key, Start, KeyHash> ready_;
 };
 
@@ -171,6 +197,7 @@ class SequencePolicy : public Policy {
     for (const std::string& n : names_) ready_[n];
   }
   const char* name() const override { return "sequence"; }
+  bool batches() const override { return false; }
   double partition_bytes() const override { return leader_->partition_bytes(); }
   void set_params(const Params& p) override {
     params = p;
@@ -234,10 +261,10 @@ std::shared_ptr<Policy> make_sequence(std::shared_ptr<Policy> leader, std::vecto
   return std::make_shared<SequencePolicy>(leader, std::move(names));
 }
 
-void announce_to(Policy& follow, const std::vector<Key>& keys) {
+void announce_to(Policy& follow, const std::vector<Key>& keys, const std::vector<bool>& joins) {
   auto* policy = dynamic_cast<FollowPolicy*>(&follow);
   if (policy == nullptr) throw SchedulingError("announce() is for followers in rank0 order mode");
-  policy->announce(keys);
+  policy->announce(keys, joins);
 }
 
 bool announced_missing(Policy& follow, Key* key) {
@@ -270,7 +297,7 @@ Scheduler::Scheduler(std::shared_ptr<Policy> policy) { set_policy(std::move(poli
 // Scheduler.enqueue, with GradientTask.partition's rule: one piece where the partition size
 // covers the buffer, else split_elements.
 void Scheduler::enqueue(int64_t id, const std::string& name, int64_t priority, int64_t numel, int32_t itemsize,
-                        double now) {
+                        int32_t batcher, double now) {
   if (tasks_.count(id)) throw SchedulingError("task " + std::to_string(id) + " ('" + name + "') was enqueued twice");
   Task& task = tasks_[id];
   task.id = id;
@@ -278,6 +305,7 @@ void Scheduler::enqueue(int64_t id, const std::string& name, int64_t priority, i
   task.priority = priority;
   task.numel = numel;
   task.itemsize = itemsize;
+  task.batcher = batcher;
   task.nbytes = numel * itemsize;
   task.instance = instances_[name]++;
   task.seq = seq_++;
@@ -324,6 +352,11 @@ void Scheduler::finish_many(const std::vector<std::pair<int64_t, int32_t>>& subs
     }
     if (waiting_) schedule(now, out);
   }
+  if (!open_.empty() && window_.inflight_count == static_cast<int64_t>(open_.size())) {  // nothing else in flight
+    size_t before = out.size();
+    batched({}, out);
+    stamp(out, before, now);
+  }
 }
 
 void Scheduler::set_params(const Params& params, double now, std::vector<Start>& out) {
@@ -331,23 +364,61 @@ void Scheduler::set_params(const Params& params, double now, std::vector<Start>&
   schedule(now, out);
 }
 
-void Scheduler::announce(const std::vector<Key>& keys, double now, std::vector<Start>& out) {
-  announce_to(*policy_, keys);
+void Scheduler::announce(const std::vector<Key>& keys, const std::vector<bool>& joins, double now,
+                         std::vector<Start>& out) {
+  announce_to(*policy_, keys, joins);
   schedule(now, out);
 }
 
 void Scheduler::set_policy(std::shared_ptr<Policy> policy) {
-  if (waiting_)
-    throw SchedulingError("cannot change the policy while " + std::to_string(waiting_) +
+  if (waiting_ || !open_.empty())
+    throw SchedulingError("cannot change the policy while " + std::to_string(waiting_ + open_.size()) +
                           " ready sub-task(s) wait");
   policy_ = std::move(policy);
+  batching_ = policy_->batches();
 }
 
+// Scheduler.schedule: what the policy releases, in batches where batching while busy is on.
 void Scheduler::schedule(double now, std::vector<Start>& out) {
   size_t before = out.size();
-  policy_->release(window_, out);
-  waiting_ -= static_cast<int64_t>(out.size() - before);
-  for (size_t i = before; i < out.size(); ++i) out[i].task->subs[out[i].index].t_start = now;
+  released_.clear();
+  policy_->release(window_, released_);
+  waiting_ -= static_cast<int64_t>(released_.size());
+  if (!open_.empty() || (!released_.empty() && batching_ && policy_->params.batch_bytes != 0)) batched(released_, out);
+  else out.insert(out.end(), released_.begin(), released_.end());
+  stamp(out, before, now);
+}
+
+// Scheduler._batched: consecutive small sub-tasks of one batcher gather in the open batch (at
+// most batch_bytes together), which starts once nothing else is in flight.
+void Scheduler::batched(const std::vector<Start>& released, std::vector<Start>& out) {
+  const double limit = batching_ ? policy_->params.batch_bytes : 0.0;
+  for (const Start& start : released) {
+    const int32_t batcher = start.task->batcher;
+    const int64_t nbytes = start.task->subs[start.index].nbytes;
+    if (batcher >= 0 && static_cast<double>(nbytes) < limit) {
+      if (!open_.empty() &&
+          (open_[0].task->batcher != batcher || static_cast<double>(open_bytes_ + nbytes) > limit))
+        emit_open(out);
+      open_.push_back(start);
+      open_bytes_ += nbytes;
+      continue;
+    }
+    emit_open(out);
+    out.push_back(Start{start.task, start.index, false});
+  }
+  if (!open_.empty() && (limit == 0.0 || window_.inflight_count == static_cast<int64_t>(open_.size())))
+    emit_open(out);
+}
+
+void Scheduler::emit_open(std::vector<Start>& out) {
+  for (size_t i = 0; i < open_.size(); ++i) out.push_back(Start{open_[i].task, open_[i].index, i > 0});
+  open_.clear();
+  open_bytes_ = 0;
+}
+
+void Scheduler::stamp(std::vector<Start>& out, size_t from, double now) {
+  for (size_t i = from; i < out.size(); ++i) out[i].task->subs[out[i].index].t_start = now;
 }
 
 void Scheduler::forget(int64_t id) {

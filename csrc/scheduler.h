@@ -25,10 +25,12 @@ class SchedulingError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// SchedulingParams: partition_bytes NaN means "the policy's default" (Python's None).
+// SchedulingParams: partition_bytes NaN means "the policy's default" (Python's None);
+// batch_bytes 0: no batching while busy.
 struct Params {
   double partition_bytes;
   double credit_bytes;
+  double batch_bytes;
 };
 
 struct SubTask {
@@ -50,6 +52,7 @@ struct Task {
   double t_enqueue, t_ready;
   std::vector<SubTask> subs;
   int32_t remaining = 0;
+  int32_t batcher = -1;  // CommTask.batcher: tasks of one batcher may start in one batch; -1: none
 };
 
 // (task name, instance, partition index): one sub-task on every rank.
@@ -69,10 +72,12 @@ struct KeyHash {
   }
 };
 
-// A sub-task to start: its task and partition index.
+// A sub-task to start: its task and partition index; ``joins``: it starts in one operation with
+// the Start before it (a batch, SubTask.batch).
 struct Start {
   Task* task;
   int32_t index;
+  bool joins = false;
 };
 
 struct Window {
@@ -100,6 +105,8 @@ class Policy {
   virtual bool holds_back() const { return true; }
   // The leader a follower policy partitions like (itself for a leader).
   virtual std::shared_ptr<Policy> leader() { return nullptr; }
+  // May the Scheduler batch what it releases (Policy.batches)? Not a follower's.
+  virtual bool batches() const { return true; }
   Params params;
 };
 
@@ -110,8 +117,9 @@ std::shared_ptr<Policy> make_immediate(std::shared_ptr<Policy> leader);
 std::shared_ptr<Policy> make_follow(std::shared_ptr<Policy> leader);
 std::shared_ptr<Policy> make_sequence(std::shared_ptr<Policy> leader, std::vector<std::string> names);
 
-// Follow order: rank 0 started these sub-tasks in this order (FollowOrderPolicy.announce).
-void announce_to(Policy& follow, const std::vector<Key>& keys);
+// Follow order: rank 0 started these sub-tasks in this order, each ``joins``-flagged one in one
+// operation with the one before it (FollowOrderPolicy.announce).
+void announce_to(Policy& follow, const std::vector<Key>& keys, const std::vector<bool>& joins);
 // A follower in rank-0 order: the announced key this rank has not made ready (none: false).
 bool announced_missing(Policy& follow, Key* key);
 
@@ -124,14 +132,14 @@ class Scheduler {
 
   // -- events (each appends what starts now to ``out``)
   void enqueue(int64_t id, const std::string& name, int64_t priority, int64_t numel, int32_t itemsize,
-               double now);
+               int32_t batcher, double now);
   void ready(int64_t id, double now, std::vector<Start>& out);
   // finish(): a run of finishes; appends the tasks they completed to ``completed`` (the driver
   // forget()s each once it has read it).
   void finish_many(const std::vector<std::pair<int64_t, int32_t>>& subs, double now, std::vector<Start>& out,
                    std::vector<Task*>& completed);
   void set_params(const Params& params, double now, std::vector<Start>& out);
-  void announce(const std::vector<Key>& keys, double now, std::vector<Start>& out);
+  void announce(const std::vector<Key>& keys, const std::vector<bool>& joins, double now, std::vector<Start>& out);
   void set_policy(std::shared_ptr<Policy> policy);
 
   // -- queries
@@ -141,12 +149,16 @@ class Scheduler {
   std::shared_ptr<Policy> policy_ptr() { return policy_; }
   const Window& window() const { return window_; }
   int64_t waiting() const { return waiting_; }
+  size_t open() const { return open_.size(); }
   int64_t instances(const std::string& name) const;
   std::vector<Task*> unfinished();  // oldest first
   bool idle() const { return unfinished_.empty(); }
 
  private:
   void schedule(double now, std::vector<Start>& out);
+  void batched(const std::vector<Start>& released, std::vector<Start>& out);
+  void emit_open(std::vector<Start>& out);
+  void stamp(std::vector<Start>& out, size_t from, double now);
 
   std::shared_ptr<Policy> policy_;
   Window window_;
@@ -155,6 +167,10 @@ class Scheduler {
   std::unordered_map<int64_t, Task> tasks_;  // by id; enqueued and not forgotten
   std::map<int64_t, Task*> unfinished_;      // by seq
   int64_t waiting_ = 0;
+  bool batching_ = false;       // the policy's batches()
+  std::vector<Start> open_;     // the open batch: admitted, waiting to start with the next ones
+  int64_t open_bytes_ = 0;
+  std::vector<Start> released_;  // scratch: what the policy released, before batching
 };
 
 }  // namespace bytesched

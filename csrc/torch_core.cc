@@ -55,8 +55,9 @@ struct Event {
   bool ready = false;
   std::string text;  // a task's name, a collective's error
   at::Tensor tensor;
-  Params params{kNaN, 0};
+  Params params{kNaN, 0, 0};
   std::vector<Key> keys;
+  std::vector<bool> joins;  // kAnnounce: each key starts in one operation with the one before it
   std::function<void()> call;  // kCall: run on the Core's thread, in order with the events
   double deadline = 0;
 };
@@ -96,8 +97,7 @@ struct Completion {
 };
 
 struct TaskData {
-  at::Tensor wire;  // the task's buffer as the plugin gave it
-  at::Tensor flat;  // a 1-D view of it, which pieces slice
+  at::Tensor flat;  // a 1-D view of the task's wire buffer, which pieces slice
   bool failed = false;  // a piece failed (the update thread was told)
 };
 
@@ -108,9 +108,9 @@ class TorchCore {
   // ``mode``: "leader" (rank 0, or a rank of a job without a common order), "follow" (rank-0
   // order) or "immediate"; ``partition`` NaN: the policy's default.
   TorchCore(c10::intrusive_ptr<c10d::ProcessGroup> group, const std::string& policy, double partition, double credit,
-            const std::string& mode)
+            double batch, const std::string& mode)
       : group_(std::move(group)), inbox_(std::make_shared<Inbox>()) {
-    std::shared_ptr<Policy> leader = make_leader(leader_named(policy), Params{partition, credit});
+    std::shared_ptr<Policy> leader = make_leader(leader_named(policy), Params{partition, credit, batch});
     std::shared_ptr<Policy> start = mode == "follow"    ? make_follow(leader)
                                     : mode == "immediate" ? make_immediate(leader)
                                                           : leader;
@@ -171,9 +171,9 @@ class TorchCore {
     inbox_->post(std::move(event));
   }
 
-  void set_params(double partition, double credit) {
+  void set_params(double partition, double credit, double batch) {
     Event event{Event::kParams};
-    event.params = Params{partition, credit};
+    event.params = Params{partition, credit, batch};
     inbox_->post(std::move(event));
   }
 
@@ -296,6 +296,10 @@ class TorchCore {
     return missing ? py::object(py::make_tuple(key.name, key.instance, key.index)) : py::none();
   }
 
+  // The backend operations (collectives) and the pieces started so far: an operation per piece,
+  // or per batch.
+  std::pair<int64_t, int64_t> started() const { return {operations_.load(), pieces_.load()}; }
+
   // Why the Core stopped on its own (a protocol error, a failed link, fail()); None while it runs.
   py::object failure() {
     if (!failed_.load()) return py::none();
@@ -395,7 +399,7 @@ class TorchCore {
       }
       events.clear();
       if (failed) break;
-      for (const Start& s : started) start_piece(s);
+      start_all(started);
       started.clear();
       bool idle;
       {
@@ -415,12 +419,12 @@ class TorchCore {
     switch (event.kind) {
       case Event::kEnqueue: {
         at::Tensor& wire = event.tensor;
+        // One batcher per element type (GradientBatcher's per type and device; the native Core runs on the CPU).
         scheduler_->enqueue(event.id, event.text, event.priority, wire.numel(),
-                            static_cast<int32_t>(wire.element_size()), now);
+                            static_cast<int32_t>(wire.element_size()), static_cast<int32_t>(wire.scalar_type()), now);
         ++handled_enqueues_;
         TaskData& data = data_[event.id];
         data.flat = wire.view(-1);
-        data.wire = std::move(wire);
         if (event.ready) scheduler_->ready(event.id, now, started);
         break;
       }
@@ -431,7 +435,7 @@ class TorchCore {
         scheduler_->set_params(event.params, now, started);
         break;
       case Event::kAnnounce:
-        scheduler_->announce(event.keys, now, started);
+        scheduler_->announce(event.keys, event.joins, now, started);
         break;
       case Event::kCall:
         event.call();
@@ -482,11 +486,36 @@ class TorchCore {
     out_cv_.notify_all();
   }
 
+  // Core.announcement: the started keys, a batch's after its first marked as joining.
   void publish(const std::vector<Start>& started) {
     std::vector<Key> keys;
+    std::vector<bool> joins;
     keys.reserve(started.size());
-    for (const Start& s : started) keys.push_back(Key{s.task->name, s.task->instance, s.index});
-    link_.send(encode_order(keys, std::vector<bool>(keys.size(), false)));
+    for (const Start& s : started) {
+      keys.push_back(Key{s.task->name, s.task->instance, s.index});
+      joins.push_back(s.joins);
+    }
+    link_.send(encode_order(keys, joins));
+  }
+
+  // Each operation of ``started``: a piece alone, or a batch (a Start and those joining it).
+  void start_all(const std::vector<Start>& started) {
+    for (size_t first = 0; first < started.size();) {
+      size_t end = first + 1;
+      while (end < started.size() && started[end].joins) ++end;
+      operations_.fetch_add(1, std::memory_order_relaxed);
+      pieces_.fetch_add(static_cast<int64_t>(end - first), std::memory_order_relaxed);
+      if (end - first == 1) start_piece(started[first]);
+      else start_batch(started.data() + first, end - first);
+      first = end;
+    }
+  }
+
+  // A piece's slice of its task's wire buffer (the buffer itself for a task of one piece).
+  at::Tensor piece(const Start& s) {
+    TaskData& data = data_.at(s.task->id);
+    const SubTask& sub = s.task->subs[s.index];
+    return s.task->subs.size() == 1 ? data.flat : data.flat.slice(0, sub.begin, sub.end);
   }
 
   // One piece's all-reduce (sum, in place), as DistributedBackend.start issues it.
@@ -494,9 +523,7 @@ class TorchCore {
     const int64_t id = s.task->id;
     const int32_t index = s.index;
     try {
-      TaskData& data = data_.at(id);
-      const SubTask& sub = s.task->subs[index];
-      std::vector<at::Tensor> tensors{s.task->subs.size() == 1 ? data.wire : data.flat.slice(0, sub.begin, sub.end)};
+      std::vector<at::Tensor> tensors{piece(s)};
       c10::intrusive_ptr<c10d::Work> work = group_->allreduce(tensors);
       std::shared_ptr<Inbox> inbox = inbox_;
       work->getFuture()->addCallback([inbox, id, index](c10::ivalue::Future& future) {
@@ -504,6 +531,39 @@ class TorchCore {
       });
     } catch (const std::exception& error) {
       inbox_->post_finish(id, index, std::string("starting the all-reduce failed: ") + error.what());
+    }
+  }
+
+  // A batch's pieces as one all-reduce, as GradientBatcher starts one: copied into one buffer,
+  // summed, and each piece's sum copied back before its task hears of it.
+  void start_batch(const Start* batch, size_t count) {
+    std::vector<std::pair<int64_t, int32_t>> subs;
+    std::vector<at::Tensor> pieces;
+    for (size_t i = 0; i < count; ++i) subs.emplace_back(batch[i].task->id, batch[i].index);
+    try {
+      for (size_t i = 0; i < count; ++i) pieces.push_back(piece(batch[i]));
+      std::vector<at::Tensor> tensors{at::cat(pieces)};
+      c10::intrusive_ptr<c10d::Work> work = group_->allreduce(tensors);
+      std::shared_ptr<Inbox> inbox = inbox_;
+      at::Tensor flat = tensors[0];
+      work->getFuture()->addCallback([inbox, subs, pieces, flat](c10::ivalue::Future& future) {
+        std::string error = future.hasError() ? future.tryRetrieveErrorMessage() : std::string();
+        if (error.empty()) {
+          try {
+            int64_t offset = 0;
+            for (const at::Tensor& piece : pieces) {
+              piece.copy_(flat.narrow(0, offset, piece.numel()));
+              offset += piece.numel();
+            }
+          } catch (const std::exception& copy_error) {
+            error = std::string("copying a batch's sums back failed: ") + copy_error.what();
+          }
+        }
+        for (const auto& [id, index] : subs) inbox->post_finish(id, index, error);
+      });
+    } catch (const std::exception& error) {
+      for (const auto& [id, index] : subs)
+        inbox_->post_finish(id, index, std::string("starting the all-reduce failed: ") + error.what());
     }
   }
 
@@ -521,8 +581,7 @@ class TorchCore {
     try {
       while (link_.receive(&payload)) {
         Event event{Event::kAnnounce};
-        std::vector<bool> joins;
-        decode_order(payload, &event.keys, &joins);
+        decode_order(payload, &event.keys, &event.joins);
         inbox_->post(std::move(event));
       }
     } catch (const std::exception& error) {
@@ -551,6 +610,8 @@ class TorchCore {
   bool exited_ = false;
   std::vector<int64_t> left_;
   std::atomic<bool> recording_{false};
+  std::atomic<int64_t> operations_{0};
+  std::atomic<int64_t> pieces_{0};
 
   std::mutex out_mu_;
   std::condition_variable out_cv_;
@@ -561,13 +622,14 @@ class TorchCore {
 // The bare Scheduler for the differential test: tasks by id, starts as [(id, index)].
 class TestScheduler {
  public:
-  TestScheduler(const std::string& policy, double partition, double credit, const std::string& mode) {
-    leader_ = make_leader(leader_named(policy), Params{partition, credit});
+  TestScheduler(const std::string& policy, double partition, double credit, double batch, const std::string& mode) {
+    leader_ = make_leader(leader_named(policy), Params{partition, credit, batch});
     scheduler_ = std::make_unique<Scheduler>(policy_for(mode, {}));
   }
 
-  void enqueue(int64_t id, const std::string& name, int64_t priority, int64_t numel, int32_t itemsize, double now) {
-    scheduler_->enqueue(id, name, priority, numel, itemsize, now);
+  void enqueue(int64_t id, const std::string& name, int64_t priority, int64_t numel, int32_t itemsize,
+               int32_t batcher, double now) {
+    scheduler_->enqueue(id, name, priority, numel, itemsize, batcher, now);
   }
   py::list ready(int64_t id, double now) {
     std::vector<Start> out;
@@ -584,16 +646,21 @@ class TestScheduler {
     for (Task* t : completed) scheduler_->forget(t->id);
     return py::make_tuple(started, done);
   }
-  py::list set_params(double partition, double credit, double now) {
+  py::list set_params(double partition, double credit, double batch, double now) {
     std::vector<Start> out;
-    scheduler_->set_params(Params{partition, credit}, now, out);
+    scheduler_->set_params(Params{partition, credit, batch}, now, out);
     return starts(out);
   }
-  py::list announce(const std::vector<std::tuple<std::string, int64_t, int32_t>>& keys, double now) {
+  // Keys as FollowOrderPolicy.announce takes them: a joining key's index has bit 31 set.
+  py::list announce(const std::vector<std::tuple<std::string, int64_t, int64_t>>& keys, double now) {
     std::vector<Key> converted;
-    for (const auto& [name, instance, index] : keys) converted.push_back(Key{name, instance, index});
+    std::vector<bool> joins;
+    for (const auto& [name, instance, index] : keys) {
+      converted.push_back(Key{name, instance, static_cast<int32_t>(index & 0x7fffffff)});
+      joins.push_back((index & (int64_t{1} << 31)) != 0);
+    }
     std::vector<Start> out;
-    scheduler_->announce(converted, now, out);
+    scheduler_->announce(converted, joins, now, out);
     return starts(out);
   }
   // Hand the ready queue to a new policy of ``mode`` partitioning like the leader (Scheduler.set_policy).
@@ -618,7 +685,7 @@ class TestScheduler {
   }
   static py::list starts(const std::vector<Start>& out) {
     py::list list;
-    for (const Start& s : out) list.append(py::make_tuple(s.task->id, s.index));
+    for (const Start& s : out) list.append(py::make_tuple(s.task->id, s.index, s.joins));
     return list;
   }
   std::shared_ptr<Policy> leader_;
@@ -637,7 +704,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("monotonic", &bytesched::monotonic);
 
   py::class_<TestScheduler>(m, "Scheduler")
-      .def(py::init<const std::string&, double, double, const std::string&>())
+      .def(py::init<const std::string&, double, double, double, const std::string&>())
       .def("enqueue", &TestScheduler::enqueue)
       .def("ready", &TestScheduler::ready)
       .def("finish_many", &TestScheduler::finish_many)
@@ -651,7 +718,8 @@ PYBIND11_MODULE(_native, m) {
       .def("partition_bytes", &TestScheduler::partition_bytes);
 
   py::class_<TorchCore>(m, "Core")
-      .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, const std::string&, double, double, const std::string&>())
+      .def(py::init<c10::intrusive_ptr<c10d::ProcessGroup>, const std::string&, double, double, double,
+                    const std::string&>())
       .def("listen", &TorchCore::listen)
       .def("accept", &TorchCore::accept)
       .def("connect", &TorchCore::connect)
@@ -670,6 +738,7 @@ PYBIND11_MODULE(_native, m) {
       .def("instances", &TorchCore::instances)
       .def("announced_missing", &TorchCore::announced_missing)
       .def("failure", &TorchCore::failure)
+      .def("started", &TorchCore::started)
       .def("fail", &TorchCore::fail)
       .def("stop", &TorchCore::stop);
 }

@@ -1,7 +1,8 @@
 """The native Scheduler (csrc/scheduler.cc) decides as the Python one does: both are fed the same
 randomized event traces (enqueue, ready, finish runs, set_params, announce, changes of order;
-partitions and credits from one byte to unlimited) and must answer every event with the same
-sub-tasks started, in the same order, the same tasks completed, and the same credit window."""
+partitions, credits and batching thresholds from one byte to unlimited, tasks of two batchers and
+of none) and must answer every event with the same sub-tasks started, in the same order and the
+same batches, the same tasks completed, and the same credit window."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from bytesched.core import CommTask, SchedulingError, SchedulingParams, Scheduler, SubTask, UNLIMITED, split_elements
 from bytesched.core.policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
+from bytesched.core.policies.follow import JOINS
 from bytesched.core.policies.sequence import SequencePolicy
 
 from conftest import require
@@ -25,6 +27,8 @@ EVENTS = 80
 NAMES = ("a", "b", "c", "d", "e", "f")
 PARTITIONS = (None, 1, 3, 7, 16, 100, 1000, 4096, 12.5, UNLIMITED)
 CREDITS = (1, 4, 15, 64, 500, 4096, 9.5, UNLIMITED)
+BATCHES = (0, 0, 0, 1, 8, 64, 500, 12.5, UNLIMITED)
+BATCHERS = (None, "A", "B")  # the Python tasks' batchers; the native ones are their indices - 1
 MODES = ("leader", "immediate", "follow", "sequence")
 
 
@@ -32,8 +36,9 @@ class TraceTask(CommTask):
     """A task of ``numel`` elements of ``itemsize`` bytes, cut as the PyTorch plugin's GradientTask
     cuts its wire buffer (one piece where the size covers it, else :func:`split_elements`)."""
 
-    def __init__(self, tid: int, name: str, priority: int, numel: int, itemsize: int) -> None:
+    def __init__(self, tid: int, name: str, priority: int, numel: int, itemsize: int, batcher: Any) -> None:
         super().__init__(name, priority, numel * itemsize)
+        self.batcher = batcher
         self.tid = tid
         self.numel = numel
         self.itemsize = itemsize
@@ -49,6 +54,15 @@ class TraceTask(CommTask):
 
 def _native_size(value: float | None) -> float:
     return math.nan if value is None else float(value)
+
+
+def _params(rng: random.Random) -> SchedulingParams:
+    return SchedulingParams(partition_bytes=rng.choice(PARTITIONS), credit_bytes=rng.choice(CREDITS),
+                            batch_bytes=rng.choice(BATCHES))
+
+
+def _native_params(params: SchedulingParams) -> tuple[float, float, float]:
+    return _native_size(params.partition_bytes), float(params.credit_bytes), float(params.batch_bytes)
 
 
 def _python_policy(mode: str, leader: Policy, names: tuple[str, ...]) -> Policy:
@@ -77,11 +91,13 @@ class Trace:
     pending: list[int] = field(default_factory=list)  # enqueued, not ready
     inflight: list[tuple[int, int]] = field(default_factory=list)
     announced: set[tuple[str, int, int]] = field(default_factory=set)
+    batched: int = 0  # sub-tasks started joining a batch
     log: list[str] = field(default_factory=list)
 
     def compare(self, started: list[SubTask], native_started: list[tuple[int, int]],
                 completed: list[CommTask] | None = None, native_completed: list[int] | None = None) -> None:
-        keys = [(sub.task.tid, sub.index) for sub in started]  # type: ignore[attr-defined]
+        keys = [(sub.task.tid, sub.index, sub.batch is not None and sub is not sub.batch[0])  # type: ignore[attr-defined]
+                for sub in started]
         assert keys == native_started, self._context("started")
         if completed is not None:
             assert [task.tid for task in completed] == native_completed, self._context("completed")  # type: ignore[attr-defined]
@@ -89,7 +105,8 @@ class Trace:
         assert (window.inflight_bytes, window.inflight_count) == self.native.window, self._context("window")
         assert self.python.waiting == self.native.waiting, self._context("waiting")
         assert self.python.idle == self.native.idle, self._context("idle")
-        self.inflight += keys
+        self.inflight += [(tid, index) for tid, index, _ in keys]
+        self.batched += sum(joins for _, _, joins in keys)
 
     def _context(self, what: str) -> str:
         return f"{what} differs after: " + " | ".join(self.log[-8:])
@@ -98,12 +115,12 @@ class Trace:
 def _new_trace(seed: int) -> Trace:
     rng = random.Random(seed)
     leader_name = rng.choice(("bytescheduler", "bytescheduler", "fifo"))
-    params = SchedulingParams(partition_bytes=rng.choice(PARTITIONS), credit_bytes=rng.choice(CREDITS))
+    params = _params(rng)
     leader = make_policy(leader_name, params)
     mode = rng.choice(MODES)
     names = tuple(rng.sample(NAMES, rng.randint(2, len(NAMES))))
     python = Scheduler(_python_policy(mode, leader, names))
-    twin = native.Scheduler(leader_name, _native_size(params.partition_bytes), float(params.credit_bytes), "leader")
+    twin = native.Scheduler(leader_name, *_native_params(params), "leader")
     if mode != "leader":
         twin.set_policy(mode, list(names))
     trace = Trace(rng, mode, names, python, leader, twin)
@@ -116,11 +133,12 @@ def _enqueue(trace: Trace) -> None:
     tid = len(trace.tasks)
     name = rng.choice(trace.names)
     numel = rng.choice((0, rng.randint(1, 8), rng.randint(1, 60), rng.randint(1, 600)))
-    task = TraceTask(tid, name, rng.randint(-3, 10), numel, rng.choice((1, 2, 4, 8)))
+    batcher = rng.choice(BATCHERS)
+    task = TraceTask(tid, name, rng.randint(-3, 10), numel, rng.choice((1, 2, 4, 8)), batcher)
     trace.tasks[tid] = task
-    trace.log.append(f"{trace.now:.0f} enqueue {tid} {name} p{task.priority} {numel}x{task.itemsize}")
+    trace.log.append(f"{trace.now:.0f} enqueue {tid} {name} p{task.priority} {numel}x{task.itemsize} {batcher}")
     trace.python.enqueue(task, trace.now)
-    trace.native.enqueue(tid, name, task.priority, numel, task.itemsize, trace.now)
+    trace.native.enqueue(tid, name, task.priority, numel, task.itemsize, BATCHERS.index(batcher) - 1, trace.now)
     if rng.random() < 0.6:
         _ready(trace, tid)
     else:
@@ -146,15 +164,14 @@ def _finish(trace: Trace) -> None:
 
 
 def _set_params(trace: Trace) -> None:
-    params = SchedulingParams(partition_bytes=trace.rng.choice(PARTITIONS), credit_bytes=trace.rng.choice(CREDITS))
+    params = _params(trace.rng)
     trace.log.append(f"{trace.now:.0f} set_params {params}")
-    trace.compare(trace.python.set_params(params, trace.now),
-                  trace.native.set_params(_native_size(params.partition_bytes), float(params.credit_bytes), trace.now))
+    trace.compare(trace.python.set_params(params, trace.now), trace.native.set_params(*_native_params(params), trace.now))
 
 
 def _announce(trace: Trace) -> None:
     """Rank 0's order as a follower hears it: keys of enqueued tasks and of instances yet to come,
-    each once, in an order of their own."""
+    each once, in an order of their own, some of them joining the key before them in a batch."""
     rng = trace.rng
     candidates = [(task.name, task.instance, sub.index) for task in trace.tasks.values() for sub in task.subtasks]
     for name in NAMES:
@@ -165,18 +182,29 @@ def _announce(trace: Trace) -> None:
     if rng.random() < 0.5:
         keys.sort(key=lambda key: (key[1], key[2]))
     trace.announced.update(keys)
+    keys = [(name, instance, index | JOINS if i and rng.random() < 0.4 else index)
+            for i, (name, instance, index) in enumerate(keys)]
     trace.log.append(f"{trace.now:.0f} announce {keys}")
     trace.compare(trace.python.announce(keys, trace.now), trace.native.announce(keys, trace.now))
 
 
 def _switch(trace: Trace) -> None:
-    """A change of order at a boundary with nothing waiting (Core.start_in_sequence and the like)."""
+    """A change of order (Core.start_in_sequence and the like), refused by both alike while a
+    ready sub-task waits, in the policy's queue or in the open batch."""
     mode = trace.rng.choice(MODES)
     trace.log.append(f"{trace.now:.0f} order {mode}")
-    trace.python.set_policy(_python_policy(mode, trace.leader, trace.names))
-    trace.native.set_policy(mode, list(trace.names))
-    trace.mode = mode
-    trace.announced.clear()
+    refused = []
+    for switch in (lambda: trace.python.set_policy(_python_policy(mode, trace.leader, trace.names)),
+                   lambda: trace.native.set_policy(mode, list(trace.names))):
+        try:
+            switch()
+            refused.append(False)
+        except (SchedulingError, native.SchedulingError):
+            refused.append(True)
+    assert refused[0] == refused[1], trace._context("refusal of a change of order")
+    if not refused[0]:
+        trace.mode = mode
+        trace.announced.clear()
 
 
 def run_trace(seed: int) -> Trace:
@@ -195,7 +223,7 @@ def run_trace(seed: int) -> Trace:
             _set_params(trace)
         elif roll < 0.92 and trace.mode == "follow":
             _announce(trace)
-        elif roll < 0.95 and trace.python.waiting == 0:
+        elif roll < 0.95:
             _switch(trace)
     while trace.inflight:  # the end of the step: everything in flight lands
         _finish(trace)
@@ -203,11 +231,12 @@ def run_trace(seed: int) -> Trace:
 
 
 def test_random_traces_start_the_same_subtasks_in_the_same_order() -> None:
-    starts = 0
+    starts = batched = 0
     for seed in range(TRACES):
         trace = run_trace(seed)
         starts += sum(1 for task in trace.tasks.values() for sub in task.subtasks if not math.isnan(sub.t_start))
-    assert starts > 50 * TRACES  # the traces exercised the Schedulers (about 100 starts each)
+        batched += trace.batched
+    assert starts > 50 * TRACES and batched > 5 * TRACES  # the traces exercised the Schedulers
 
 
 def test_traces_cover_every_order_and_credit_edge() -> None:
@@ -231,6 +260,10 @@ def test_traces_cover_every_order_and_credit_edge() -> None:
                     seen.add("exactly the credit")
             if trace.python.waiting and isinstance(trace.python.policy, type(trace.leader)):
                 seen.add("held back")
+            if any(sub.batch is not None for sub in started):
+                seen.add("a follower's batch" if trace.mode == "follow" else "a batch")
+            if trace.python._open:
+                seen.add("a batch held while busy")
             return started
 
         trace.python.schedule = watch  # type: ignore[method-assign]
@@ -239,10 +272,12 @@ def test_traces_cover_every_order_and_credit_edge() -> None:
             roll = rng.random()
             if roll < 0.4:
                 _enqueue(trace)
+            elif roll < 0.5 and trace.mode == "follow":
+                _announce(trace)
             elif trace.inflight:
                 _finish(trace)
     assert seen >= {"leader", "immediate", "follow", "sequence", "larger than the credit, alone", "exactly the credit",
-                    "held back"}
+                    "held back", "a batch", "a batch held while busy", "a follower's batch"}
 
 
 @pytest.mark.parametrize("numel", [0, 1, 2, 7, 1000, 4097, 100_003])
@@ -253,14 +288,14 @@ def test_split_elements_cuts_where_python_cuts(numel: int, itemsize: int) -> Non
 
 
 def test_protocol_violations_are_refused_as_in_python() -> None:
-    twin = native.Scheduler("bytescheduler", math.nan, 10.0, "leader")
-    twin.enqueue(0, "w", 0, 4, 4, 0.0)
-    assert twin.ready(0, 0.0) == [(0, 0)]
+    twin = native.Scheduler("bytescheduler", math.nan, 10.0, 0.0, "leader")
+    twin.enqueue(0, "w", 0, 4, 4, -1, 0.0)
+    assert twin.ready(0, 0.0) == [(0, 0, False)]
     with pytest.raises(native.SchedulingError, match="ready twice"):
         twin.ready(0, 1.0)
     with pytest.raises(native.SchedulingError, match="before it was enqueued"):
         twin.ready(7, 1.0)
-    twin.enqueue(1, "w", 0, 4, 4, 0.0)
+    twin.enqueue(1, "w", 0, 4, 4, -1, 0.0)
     with pytest.raises(native.SchedulingError, match="never started"):
         twin.finish_many([(1, 0)], 1.0)
     assert twin.finish_many([(0, 0)], 1.0) == ([], [0])
@@ -270,9 +305,9 @@ def test_protocol_violations_are_refused_as_in_python() -> None:
 
 
 def test_a_sequence_refuses_a_task_outside_it() -> None:
-    twin = native.Scheduler("bytescheduler", math.nan, 10.0, "leader")
+    twin = native.Scheduler("bytescheduler", math.nan, 10.0, 0.0, "leader")
     twin.set_policy("sequence", ["a", "b"])
-    twin.enqueue(0, "z", 0, 4, 4, 0.0)
+    twin.enqueue(0, "z", 0, 4, 4, -1, 0.0)
     with pytest.raises(native.SchedulingError, match="'z' is not in the sequence every rank agreed on"):
         twin.ready(0, 0.0)
 
@@ -280,4 +315,4 @@ def test_a_sequence_refuses_a_task_outside_it() -> None:
 @pytest.mark.parametrize("policy", ["p3", "prophet", "tictac"])
 def test_policies_without_a_native_scheduler_are_named(policy: str) -> None:
     with pytest.raises(native.SchedulingError, match=f"policy '{policy}' has no native Scheduler"):
-        native.Scheduler(policy, math.nan, 10.0, "leader")
+        native.Scheduler(policy, math.nan, 10.0, 0.0, "leader")

@@ -150,6 +150,34 @@ def test_followers_start_rank_0s_order_and_every_sum_is_exact(groups: list[dist.
         assert torch.equal(reduced0, expected) and torch.equal(reduced1, expected)
 
 
+def test_batches_while_busy_are_rank_0s_on_every_rank_and_sum_exactly(groups: list[dist.ProcessGroup]) -> None:
+    """Batching while busy under 256 bytes: small pieces of one element type start together in
+    fewer collectives than pieces, a larger tensor and another element type's alone; the follower
+    starts rank 0's batches (a batch of other pieces would pair other elements)."""
+    cores = native_cores(groups, SchedulingParams(partition_bytes=None, credit_bytes=1_000, batch_bytes=256))
+    sizes = [random.Random(3).randint(1, 40) for _ in range(60)] + [400]
+
+    def train(rank: int) -> list[torch.Tensor]:
+        tasks = [WireTask(f"t{i}", priority=i, wire=(torch.arange(n) * (rank + 1)).to(
+            torch.float64 if i % 7 == 0 else torch.float32)) for i, n in enumerate(sizes)]
+        order = list(range(len(tasks)))
+        random.Random(rank + 10).shuffle(order)
+        for i in order:
+            cores[rank].enqueue(tasks[i], ready=True)
+        drain(cores[rank], tasks)
+        assert all(not task.errors for task in tasks)
+        return [task.wire for task in tasks]
+    try:
+        results = on_ranks(2, train)
+        started = [core.started() for core in cores]
+    finally:
+        on_ranks(2, lambda rank: cores[rank].shutdown(5.0))
+    for task_sums in zip(*results):
+        expected = torch.arange(task_sums[0].numel()).to(task_sums[0].dtype) * 3
+        assert all(torch.equal(summed, expected) for summed in task_sums)
+    assert started[0] == started[1] and started[0][0] < started[0][1] == len(sizes)
+
+
 def test_a_piece_that_cannot_start_fails_its_task_and_the_core_goes_on(groups: list[dist.ProcessGroup]) -> None:
     """Gloo refuses 16-bit unsigned integers when the all-reduce is issued: the task is told
     (naming the tensor and Gloo's reason), still completes, and the next task is reduced."""

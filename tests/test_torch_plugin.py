@@ -215,8 +215,9 @@ def test_distributed_passes_through_once_the_plan_stays_out(dist2: Launch) -> No
 def test_distributed_batching_while_busy_keeps_the_bits(dist2: Launch) -> None:
     """Partitions that become ready while others are in flight start as one all-reduce of up to
     8,000 bytes on every rank (rank 0 announces the batches): the same bits as the hand-written
-    all-reduce."""
-    dist2.check(["batch/sgd", "batch/adam", "batch/started"])
+    all-reduce, on the Python Core and on the native one."""
+    dist2.check(["batch/sgd", "batch/adam", "batch/started", "batch/native/sgd", "batch/native/adam",
+                 "batch/native/started"])
 
 
 @pytest.mark.multiproc

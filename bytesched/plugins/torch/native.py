@@ -135,6 +135,12 @@ class _AnnouncedOrder(FollowOrderPolicy):
         return self._native.announced_missing()
 
 
+def _sizes(params: SchedulingParams) -> tuple[float, float, float]:
+    """``params`` as the native Core takes them: partition (NaN: the policy's default), credit, batch."""
+    partition = params.partition_bytes
+    return math.nan if partition is None else float(partition), float(params.credit_bytes), float(params.batch_bytes)
+
+
 def _subtasks(task: Any, pieces: Sequence[tuple[int, int, float, float]]) -> list[SubTask]:
     """SubTasks of ``task`` with the times the native Core recorded, (index, nbytes, start, finish) each."""
     subs = SubTask.of(task, [(None, nbytes) for _, nbytes, _, _ in pieces])
@@ -171,9 +177,7 @@ class NativeCore:
         self.timeline = timeline
         self._leader = make_policy(config.policy, config.params)
         mode = "leader" if rank == 0 else "follow" if order == "rank0" else "immediate"
-        partition = config.params.partition_bytes
-        self._native = native.Core(group, config.policy, math.nan if partition is None else float(partition),
-                                   float(config.params.credit_bytes), mode)
+        self._native = native.Core(group, config.policy, *_sizes(config.params), mode)
         self._policy: Policy = _AnnouncedOrder(self._leader, self._native) if mode == "follow" else self._leader
         self._group = group
         if order == "rank0" and group.size() > 1:
@@ -262,8 +266,7 @@ class NativeCore:
     def set_params(self, params: SchedulingParams) -> None:
         """New partition/credit sizes, in order with the tasks enqueued around them."""
         self._leader.set_params(params)
-        partition = params.partition_bytes
-        self._native.set_params(math.nan if partition is None else float(partition), float(params.credit_bytes))
+        self._native.set_params(*_sizes(params))
 
     def observe(self, observer: Callable[[SubTask], None] | None) -> None:
         """Hand every finished sub-task to ``observer`` (None: stop), on the update thread, with
@@ -295,6 +298,11 @@ class NativeCore:
     def start_order(self) -> str:
         """As :attr:`Core.start_order`: :attr:`order`, or what replaced it."""
         return self.order if self._replaced is None else self._replaced
+
+    def started(self) -> tuple[int, int]:
+        """The collectives and the pieces this Core started so far (a collective per piece, or
+        per batch of pieces)."""
+        return self._native.started()
 
     def releases_on_ready(self) -> bool:
         """Never: the native Core starts every piece itself."""
