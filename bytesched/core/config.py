@@ -43,12 +43,9 @@ fusion bound gets this one by default (DistributedDataParallel's ``bucket_cap_mb
 of the model if that is smaller (:func:`bytesched.runtime.plan.stay_out_fusion`), and fills its
 tasks to it as DDP fills its buckets (:func:`bytesched.core.task.filled_runs`). With nothing to
 schedule, small tasks buy a little earlier communication, which the simulator credits, and cost
-bytesched's own work and the library's per collective, which it does not model. On one H200
-shared by two ranks over Gloo, crossing the barrier ran at 0.76x DDP's speed on ResNet50 (66 tasks
-of up to 1 MB) and 0.95x with tasks of up to 25 MB (5 tasks); passing through over
-torch.distributed on 4 emulated CPU ranks, tasks of a quarter of the model (5) cost rank 0
-0.91x-1.06x of DDP's CPU per step where 1 MB tasks (18-23) cost 1.13x-1.47x, mostly in Gloo's
-threads (``BYTESCHED_STAY_OUT_FUSION_BYTES`` sets another)."""
+bytesched's own work and the library's per collective, which it does not model: fewer, larger
+tasks ran faster on a GPU and cost less CPU over torch.distributed (docs/plan.md, "2 on";
+``BYTESCHED_STAY_OUT_FUSION_BYTES`` sets another)."""
 
 _UNITS = {
     "": 1, "b": 1,

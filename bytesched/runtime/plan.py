@@ -61,24 +61,19 @@ RANK0_ORDER_MARGIN = 0.2
 (torch.distributed), a fraction of staying out's iteration time (so 1.25x predicted): each
 partition then also waits for a channel message, which the simulator does not model, and where
 the gradients live on a GPU the observed ready times are when their kernels were queued, not
-run. Every sized plan measured there lost to staying out: on 4 emulated CPU ranks, ResNet50 at
-1 Gbit/s, plans predicted 1.02x-1.06x ran at 0.89x-1.00x of DDP where staying out ran at
-1.02x-1.03x; on one H200 shared by two ranks, plans predicted 1.05x-1.16x ran ResNet50 and the
-Transformer at 0.66x-0.92x of DDP where staying out (fused) ran at 0.92x-1.00x."""
+run. Every untried sized plan measured there lost to staying out (docs/plan.md, "boundary of
+step 2")."""
 RANK0_TRIED_MARGIN = 0.05
 """The predicted gain a sized plan needs where followers wait for rank 0's announced order and its
 sizes are then tried against staying out (:mod:`.plan_trial`; so 1.05x predicted): the trial, not
-the prediction, keeps the sizes only where they ran faster. On 4 emulated CPU ranks over
-torch.distributed at 0.5-1 Gbit/s, the best sizes were predicted at 1.13x-1.23x, under
-:data:`RANK0_ORDER_MARGIN`'s bar; tried, they ran ResNet50, VGG16 and the Transformer at
-1.13x-1.21x of DDP at 0.5 Gbit/s and VGG16 at 1.18x at 1 Gbit/s, where staying out had run at
-1.00x-1.04x (docs/experiments/torch-distributed.md)."""
+the prediction, keeps the sizes only where they ran faster; sizes predicted under
+:data:`RANK0_ORDER_MARGIN`'s bar ran faster than DDP once tried (docs/plan.md, "boundary of
+step 2")."""
 PS_MARGIN = 0.05
 """The predicted gain a sized plan needs on a parameter server (so 1.05x predicted). Workers
 follow rank 0's announced order there too, but a push waits for every worker's copy at the
-server anyway, so the announcement costs less than over torch.distributed. On 4 emulated workers
-and 4 servers, ResNet50 at 1 Gbit/s, the plan chose 1 MB partitions under an 8 MB credit in 5 of 5
-runs and ran at 1.09x the plain store, where staying out ran at 1.05x."""
+server anyway, so the announcement costs less than over torch.distributed (docs/plan.md,
+"boundary of step 2")."""
 UNLIMITED_CODE = 0
 """How an unlimited size travels in the integer broadcast."""
 KEEP_FUSION_CODE = 0

@@ -1,8 +1,8 @@
 """Tensor fusion for MXNet over Horovod: small gradients of one update call share one CommTask.
 
 Every scheduled all-reduce pays a fixed cost besides its bytes (four engine operations, the
-Core's events, a Horovod negotiation): 277 us per tensor and step over plain Horovod on 188 small
-tensors, against 9 us fused (``python -m benchmarks overhead``, docs/benchmarks.md). The parameter
+Core's events, a Horovod negotiation), which on small tensors fusion all but removes
+(docs/experiments/per-tensor-cost.md, "Figures behind the MXNet plugin's posting rules"). The parameter
 server cannot fuse safely: Gluon pushes one key per call and nothing marks the last call of a
 step. The Horovod path can, because :class:`~bytesched.plugins.mxnet.ScheduledOptimizer` declares
 aggregation, so Gluon's Updater hands it every gradient of one dtype in one ``update`` call. Runs
@@ -20,9 +20,9 @@ memory copies), not MXNet's ``concat`` and ``identity``. Those two take one of M
 temp-space variables (``MXNET_CPU_TEMP_COPY``, four by default, handed out round-robin). A pack
 is posted before backward writes its gradients, and an unpack before the all-reduce. Each would
 hold its variable until then, and every later operation drawing the same variable (later buckets,
-the model's own layers) would wait behind it. That cost MXNet over Horovod 5-10 % at 5-10 Gbit/s
-(the emulated benchmark, docs/benchmarks.md). ``NDArray.copyto`` per gradient draws none, but costs about
-25 us of Python per gradient and step where one operation costs one call.
+the model's own layers) would wait behind it. ``NDArray.copyto`` per gradient draws none, but
+costs Python per gradient and step where one operation costs one call (the figures:
+docs/experiments/per-tensor-cost.md, "Figures behind the MXNet plugin's posting rules").
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class Bucket:
     """Gradients consecutive in the forward order all-reduced through one flat buffer.
 
     Built for the very gradient arrays it packs (Gluon passes the same ones every step), so the
-    flat views of them and the buffer's slices are made once: creating an NDArray view costs
-    MXNet's Python about 50 us, which per step and tensor cost more than fusion saved.
+    flat views of them and the buffer's slices are made once: creating an NDArray view per step
+    and tensor cost more in MXNet's Python than fusion saved.
 
     Attributes:
         indices: the members' Trainer indices, in the order they lie in the buffer.

@@ -39,9 +39,9 @@ run where the gradients live (the first weight's context). A plan that stays out
 *passes through*: from that step on each group of gradients Gluon would have handed Horovod's
 optimizer is all-reduced with Horovod's own call (``DistributedOptimizer._do_allreduce``: its
 names, its fusion, no CommTask, proxy or Core) just before that group's update, so the job runs
-as plain Horovod does. Staying out through the Core (every gradient whole, started the moment it
-is ready) ran the emulated ResNet50 and VGG16 on 2 ranks at 10 Gbit/s at 0.985x-0.989x of plain
-Horovod: the Core's work per tensor, with nothing to schedule. A plan that chose sizes is first
+as plain Horovod does: staying out through the Core (every gradient whole, started the moment it
+is ready) ran slower than plain Horovod, the Core's work per tensor with nothing to schedule
+(docs/plan.md, "2 on"). A plan that chose sizes is first
 tried against passing through (:mod:`bytesched.runtime.plan_trial`), at the same boundaries. With
 ``BYTESCHED_POLICY=off`` it passes through from the first update.
 """

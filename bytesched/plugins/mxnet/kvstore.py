@@ -25,9 +25,7 @@ TicTac's graph, ordered by TIC (:mod:`bytesched.runtime.forward_order`).
 Push and pull. A ``pushpull`` partition is one request to its server, the wrapped store's own
 ``pushpull``: a ``dist_sync`` server answers it with the updated value once every worker pushed.
 A push followed by a separate pull costs a second request and, in the engine, a pull that waits
-for the push's answer; on the emulated 1 Gbit/s network 24 concurrent 1 MB keys took 405 ms that
-way against 250 ms fused (plain store, docs/benchmarks.md), and bytesched paid the same until it
-used the fused request.
+for the push's answer (docs/plugins/mxnet.md, "Dependency Proxies and avatars").
 
 Cross-worker order. A ``dist_sync`` server answers a push only after every worker pushed that
 key. Workers that started their pushes in different orders under a credit limit would each wait
@@ -58,12 +56,11 @@ and every call into MXNet from Python lets go of the GIL and has to win it back 
 threads and MXNet's custom operators. A submission therefore checks a key's arrays only when
 they are new (an NDArray object keeps its shape, type and storage), reuses the key's avatars
 and their handle arrays, and posts the proxy chain with calls that keep the GIL
-(:class:`.proxies.Chain`). On the emulated Transformer's 188 keys this took the posting from
-105 ms of wall time (46 ms of CPU) per step and worker to 46-49 ms (22 ms), against 8 ms
-(5.5 ms) for the plain store, whose ``pushpull`` is one call (the emulated benchmark, docs/benchmarks.md).
-The whole chain is one such call, in which the library also makes the store's own push or
-pull (:class:`.proxies.StoreCall`, prepared once per key and arrays): no call of MXNet's Python
-API per key, which converts its arguments every time and lets go of the GIL.
+(:class:`.proxies.Chain`), which more than halved the posting's time (docs/plugins/mxnet.md,
+"Dependency Proxies and avatars"). The whole chain is one such call, in which the library also
+makes the store's own push or pull (:class:`.proxies.StoreCall`, prepared once per key and
+arrays): no call of MXNet's Python API per key, which converts its arguments every time and
+lets go of the GIL.
 
 Re-partitioning. :meth:`ScheduledKVStore.set_params` with a new partition size takes effect at a
 step boundary: the store waits for its communication to finish, initialises fresh server keys at
@@ -88,15 +85,15 @@ store's own operation, posted from the caller's thread with no CommTask, proxy o
 between, through MXNet's C API as the Core's path posts it (:class:`.proxies.StoreCall`); a
 pushpull repeating its previous call's objects (Gluon's Trainer, every step) reuses that call's
 arguments. A key on one server key goes on a plain view of its arrays (:class:`.task.Views`,
-which shares the arrays' engine variables). A key laid out
-in several server keys (one above MXNet's big-array bound, striped over the servers) goes on
-avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
-Core would start them: on views they went one after another, and the emulated VGG16 on 2
-workers at 1 Gbit/s ran at 0.83x the plain store; fenced, 1.33x, as fast as the Core starting
-every key on readiness (docs/experiments/start-up-plan.md). The layout is the one the plan simulated as staying
-out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per
-key over the plain store, where the Core's path added 158 us (the overhead benchmark,
-docs/benchmarks.md). :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
+which shares the arrays' engine variables), after an entry fence that brings the arrays back to
+MXNet's default memory layout (an evaluation pass may have left a weight in MKLDNN's blocked
+one, docs/plugins/mxnet.md, "Evaluation passes and MKLDNN layouts"). A key laid out in several
+server keys (one above MXNet's big-array bound, striped over the servers) goes on avatars between
+two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the Core would start
+them: on views they went one after another, several times slower
+(docs/experiments/start-up-plan.md). The layout is the one the plan simulated as staying out, so
+the choice and what runs agree. What passing through costs per key: docs/benchmarks.md,
+"Per-tensor cost". :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
 The Core runs in ``rank0`` mode (and opens the channel) from the start, as under tuning, since a
 sized plan sets a credit. With ``BYTESCHED_POLICY=off`` the keys are laid out as the plan lays
 them out and every operation passes through from the first.
@@ -759,10 +756,10 @@ class ScheduledKVStore(KVStoreBase):
         pushpull repeated with the same objects writes the same arrays, so they stay listed), not
         on the pushed gradients: at a step boundary the next step's backward pass, already posted,
         writes those, and waiting for it held each step's pushes back until that backward pass
-        had ended (on 4 emulated workers at 1 Gbit/s a plan trial timed its steps passing through
-        at 1.24x-1.39x the same steps after the trial, and kept sizes that then lost to the plain
-        store). A pushpull in place (no ``out``, as where the servers do not update) pulls into
-        the gradients themselves, so there the wait still lasts that long."""
+        had ended, so that a plan trial timed its steps passing through too long and kept sizes
+        that then lost to the plain store (docs/experiments/plan-trial.md). A pushpull in place
+        (no ``out``, as where the servers do not update) pulls into the gradients themselves, so
+        there the wait still lasts that long."""
         for arrays in self._passed.values():  # passing through: the engine knows what is pending
             for array in arrays:
                 array.wait_to_read()
