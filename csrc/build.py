@@ -137,8 +137,10 @@ def command(cxx: str, target: Target, package: Path, output: Path) -> list[str]:
     if target.framework == "torch":
         # A torch extension as torch.utils.cpp_extension would build one, without ninja: torch's
         # and Python's headers, linked against the wheel's libraries.
-        return [*base, f"-I{package / 'include'}", f"-I{package / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-                f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=_native", "-DTORCH_API_INCLUDE_EXTENSION_H", "-fvisibility=hidden",
+        include = package / "include"
+        return [*base, f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+                f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=_native",
+                "-DTORCH_API_INCLUDE_EXTENSION_H", "-fvisibility=hidden",
                 "-o", str(output), *sources, f"-L{package / 'lib'}", "-lc10", "-ltorch", "-ltorch_cpu",
                 "-ltorch_python", f"-Wl,-rpath,{package / 'lib'}"]
     return [*base, f"-I{package / 'include'}", *DEFINES, *mkldnn_defines(package), "-o", str(output), *sources,

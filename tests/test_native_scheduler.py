@@ -166,7 +166,8 @@ def _finish(trace: Trace) -> None:
 def _set_params(trace: Trace) -> None:
     params = _params(trace.rng)
     trace.log.append(f"{trace.now:.0f} set_params {params}")
-    trace.compare(trace.python.set_params(params, trace.now), trace.native.set_params(*_native_params(params), trace.now))
+    trace.compare(trace.python.set_params(params, trace.now),
+                  trace.native.set_params(*_native_params(params), trace.now))
 
 
 def _announce(trace: Trace) -> None:

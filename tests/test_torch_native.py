@@ -25,8 +25,8 @@ from bytesched.core.stall_check import late_subtasks
 from conftest import require
 
 require("bytesched.plugins.torch._native", "the native Core (python csrc/build.py)")
-from bytesched.plugins.torch import native as native_module  # noqa: E402
-from bytesched.plugins.torch.native import NativeCore, make_core  # noqa: E402
+from bytesched.plugins.torch import native as native_module  # noqa: E402  # after the skip without the build
+from bytesched.plugins.torch.native import NativeCore, make_core  # noqa: E402  # likewise
 
 TIMEOUT_S = 30.0
 

@@ -163,14 +163,14 @@ class Config:
     tuning_bandwidth: str | None = None
     tuning_floor: tuple[int, int] | None = None  # None: the architecture's own lattice
     stay_out_path: str = "auto"
-    native: str = "auto"
-    """Where the PyTorch plugin's hot path over torch.distributed runs (``BYTESCHED_NATIVE``):
-    ``auto`` natively wherever it can (CPU gradients, a policy in :data:`NATIVE_POLICIES`),
-    ``on`` natively or an error naming why not, ``off`` through the Python Core."""
     """Where the start-up plan stays out of the way, how the PyTorch plugin picks between the Core's
     path and the framework's own (:mod:`bytesched.runtime.path_trial`): ``measure`` times both,
     ``predict`` follows the plan's prediction (on a GPU: always the framework's), ``auto`` (the
     default) measures."""
+    native: str = "auto"
+    """Where the PyTorch plugin's hot path over torch.distributed runs (``BYTESCHED_NATIVE``):
+    ``auto`` natively wherever it can (CPU gradients, a policy in :data:`NATIVE_POLICIES`),
+    ``on`` natively or an error naming why not, ``off`` through the Python Core."""
     scheduling: bool = True
     """False (``BYTESCHED_POLICY=off``): every plugin hands its gradients to the framework's own
     path from the first step, as after a start-up plan that stays out and passes through, so a job

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .task import GradientTask
 
 
+CPU = torch.device("cpu")
+"""Where gradients live unless the backend is told otherwise."""
+
 class DistributedBackend(Backend):
     """All-reduce over a torch.distributed process group (the default group unless given)."""
 
@@ -39,7 +42,7 @@ class DistributedBackend(Backend):
     fuses_by_itself = False
     batches = True
 
-    def __init__(self, group: Any = None, device: torch.device = torch.device("cpu")) -> None:
+    def __init__(self, group: Any = None, device: torch.device = CPU) -> None:
         self._group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)

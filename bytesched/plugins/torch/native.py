@@ -60,7 +60,8 @@ def native_module() -> ModuleType:
         return importlib.import_module("bytesched.plugins.torch._native")
     except ImportError as error:
         raise NativeLibraryError(f"the native bytesched Core does not load ({error}): build it with "
-                                 "`python csrc/build.py` (scripts/setup.sh does), or set BYTESCHED_NATIVE=off") from None
+                                 "`python csrc/build.py` (scripts/setup.sh does), or set BYTESCHED_NATIVE=off"
+                                 ) from None
 
 
 def native_refusal(config: Config, device: torch.device, policy: Policy | None, own_start: bool = False) -> str | None:
@@ -85,7 +86,7 @@ def make_core(config: Config, group: Any, device: torch.device, share_port: Call
         return Core(config, **kwargs)
     refusal = native_refusal(config, device, kwargs.get("policy"), own_start)
     if refusal is None:
-        return NativeCore(config, group=group, share_port=share_port, **kwargs)  # type: ignore[return-value]
+        return NativeCore(config, group=group, share_port=share_port, **kwargs)  # type: ignore[return-value]  # keeps Core's interface
     if config.native == "on":
         raise ConfigError(f"BYTESCHED_NATIVE=on, but {refusal}: unset it or set it to off")
     log.info("bytesched: the Python Core schedules this job: %s", refusal)
@@ -190,7 +191,7 @@ class NativeCore:
         self._started = False
         self._stopped = False
         self._replaced: str | None = None  # what start_in_sequence or start_on_ready put in place of the order
-        self._stall_check = StallCheck(self, channel)  # type: ignore[arg-type]
+        self._stall_check = StallCheck(self, channel)  # type: ignore[arg-type]  # answers query() as Core
         self._native.set_recording(timeline is not None)
 
     def _link(self, share_port: Callable[[int], int]) -> None:
@@ -251,9 +252,9 @@ class NativeCore:
         if self.failure is not None or not self._accepting or not self._started:
             raise self._refusal(task)
         tid = next(self._ids)
-        task.core = self  # type: ignore[assignment]
+        task.core = self  # type: ignore[assignment]  # keeps Core's interface
         self._tasks[tid] = task
-        self._native.enqueue(tid, task.name, task.priority, task.wire, ready)  # type: ignore[attr-defined]
+        self._native.enqueue(tid, task.name, task.priority, task.wire, ready)  # type: ignore[attr-defined]  # a GradientTask's
 
     def post_ready(self, task: CommTask) -> None:
         """Event: ``task`` is ready (use :meth:`CommTask.notify_ready`)."""
