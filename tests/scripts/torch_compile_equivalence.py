@@ -115,23 +115,25 @@ def model_cases(report: Reporter, flavor: Flavor) -> None:
             run(flavor, model_name, opt_name, True, options=options, **common, **only_scheduled)))
 
 
-def evaluation_after_step(report: Reporter, flavor: Flavor) -> None:
-    """An evaluation pass right after ``step()`` (no synchronize), which Dynamo compiles anew
-    (eval mode, no grad) while Adam's updates are pending, sees every update, and training goes on
-    as the baseline's."""
+def evaluation_after_step(report: Reporter, flavor: Flavor, eager: bool) -> None:
+    """An evaluation pass right after ``step()`` (no synchronize) while Adam's updates are pending
+    sees every update, and training goes on as the baseline's: compiled anew by Dynamo (eval mode,
+    no grad), or (``eager``) run by the original module, whose parameters the graph read first."""
     probe = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(7))
 
     def evaluate(model: nn.Module, optimizer: Any) -> None:
-        model.eval()
+        evaluated = getattr(model, "_orig_mod", model) if eager else model
+        evaluated.eval()
         with torch.no_grad():
-            outputs.append(model(probe))
-        model.train()
+            outputs.append(evaluated(probe))
+        evaluated.train()
 
     outputs: list[torch.Tensor] = []
     expected = run(flavor, "cnn", "adam", False, after=evaluate)
     expected_outputs, outputs = outputs, []
     got = run(flavor, "cnn", "adam", True, piece_bytes=PIECES, after=evaluate)
-    report.same("compile/adam/eval_after_step", expected + expected_outputs, got + outputs)
+    name = "compile/adam/eager_eval_after_step" if eager else "compile/adam/eval_after_step"
+    report.same(name, expected + expected_outputs, got + outputs)
 
 
 def compiled_step(report: Reporter, flavor: Flavor) -> None:
@@ -189,7 +191,8 @@ def main() -> None:
     torch.set_num_threads(1)
     report = Reporter(flavor.rank)
     model_cases(report, flavor)
-    report.run("compile/adam/eval_after_step", lambda: evaluation_after_step(report, flavor))
+    report.run("compile/adam/eval_after_step", lambda: evaluation_after_step(report, flavor, eager=False))
+    report.run("compile/adam/eager_eval_after_step", lambda: evaluation_after_step(report, flavor, eager=True))
     report.run("compile/sgd/training_step", lambda: compiled_step(report, flavor))
     report.finish()
 

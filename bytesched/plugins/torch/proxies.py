@@ -12,9 +12,10 @@ Compiled modules (``torch.compile``) run their hooks inside the graph Dynamo tra
 cannot wait: there the hooks do nothing, and the graph's pieces wait for the parameters they read
 (:mod:`.compiled`). The hooks then stay on every module (Dynamo would compile again on any change
 of them), and those that still run eagerly (a graph break, a call outside the compiled modules)
-wait as above. A hook traced outside the model's compiled modules (a training step compiled as a
-whole) means a forward pass compiled where no proxy can hold it: ``on_hidden`` is called, once,
-while Dynamo traces it, and that graph too is split into pieces.
+wait as above, a parameter first read inside a graph at its owners. A hook traced outside the
+model's compiled modules (a training step compiled as a whole) means a forward pass compiled where
+no proxy can hold it: ``on_hidden`` is called, once, while Dynamo traces it, and that graph too is
+split into pieces.
 """
 
 from __future__ import annotations
@@ -154,7 +155,10 @@ class ForwardProxies:
             slot.priority = priority
         for slot in observed:
             point = first_read[id(slot.param)][1]
-            if point is not IN_GRAPH:
+            if point is IN_GRAPH:  # the pieces wait; an owner that runs eagerly (a graph break) too
+                for owner in self._owners[id(slot.param)]:
+                    before[owner].append(slot)
+            else:
                 module, where = point
                 (before if where == "pre" else after)[module].append(slot)
         for slot in unobserved:
