@@ -64,13 +64,18 @@ class RingAllreduce:
 
     def submit(self, sub: SubTask, done: Done) -> None:
         """One worker class submitted ``sub``; it runs once every class did."""
-        pending = self._pending.get(sub.key)
+        self.submit_operation(sub.key, sub.nbytes, done)
+
+    def submit_operation(self, key: tuple[str, int, int], nbytes: int, done: Done) -> None:
+        """One worker class submitted the collective ``key`` of ``nbytes`` (a sub-task, or a batch
+        of them under its first one's key); it runs once every class did."""
+        pending = self._pending.get(key)
         if pending is None:
-            pending = self._pending[sub.key] = _Pending(sub.nbytes)
+            pending = self._pending[key] = _Pending(nbytes)
         pending.count += 1
         pending.callbacks.append(done)
         if pending.count == self.num_classes:
-            del self._pending[sub.key]
+            del self._pending[key]
             self._queue.append(pending)
             self._kick()
 

@@ -142,7 +142,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         elif variable == "credit":
             cred = value
         elif variable is not None:
-            point = replace(base, **{variable: value})
+            changes: dict[str, Any] = {variable: value}
+            point = replace(base, **changes)
         params = make_params(part, cred)
         prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune)
         prediction.sweep_value = value
@@ -170,7 +171,8 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
             outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
                           key=lambda r: r.iteration_time)
         runs.append((outcome, time.perf_counter() - started))
-    prediction = Prediction(profile, cluster, _compute_time(profile, cluster), _communication_time(profile, cluster), [])
+    prediction = Prediction(profile, cluster, _compute_time(profile, cluster), _communication_time(profile, cluster),
+                            [])
     vanilla = runs[0][0].iteration_time
     prediction.results = [
         PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
@@ -214,10 +216,12 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     where = f"{c.workers} workers, {c.arch}"
     if c.arch == "ps":
         where += f" ({c.num_servers} servers, {c.assignment} placement)"
-    where += f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, latency {c.latency * 1e6:g}us"
+    where += (f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, "
+              f"latency {c.latency * 1e6:g}us")
     if c.worker_specs:
         where += ", " + "; ".join(f"rank {r}: compute x{s.compute:g}" +
-                                  (f" {format_bandwidth(s.bandwidth)}" if s.bandwidth else "") for r, s in c.worker_specs)
+                                  (f" {format_bandwidth(s.bandwidth)}" if s.bandwidth else "")
+                                  for r, s in c.worker_specs)
     title = f"{p.profile.name} on {where}"
     if sweep_variable is not None:
         title = f"[{sweep_variable} = {format_value(sweep_variable, p.sweep_value)}] " + title
@@ -231,7 +235,8 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     ideal = p.ideal_time
     lines.append(f"{'ideal':<15}{'':>10}{'':>9}{ideal * 1e3:>10.2f} ms{p.samples_per_second(ideal):>12.1f}"
                  f"{p.vanilla.iteration_time / ideal:>8.2f}x")
-    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, communication {p.communication_time * 1e3:.2f} ms))")
+    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, "
+                 f"communication {p.communication_time * 1e3:.2f} ms))")
     return "\n".join(lines)
 
 

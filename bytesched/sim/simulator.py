@@ -81,6 +81,9 @@ class _AllreduceBackend:
     def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
         self.ring.submit(sub, done)
 
+    def start_batch(self, klass: int, batch: Sequence[SubTask], done: Callable[[], None]) -> None:
+        self.ring.submit_operation(batch[0].key, sum(sub.nbytes for sub in batch), done)
+
 
 class _PSBackend:
     def __init__(self, ps: ParameterServer) -> None:
@@ -203,7 +206,10 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
                                              overhead=cluster.overhead, latency=cluster.latency))
 
-    need = "ps" if cluster.arch == "ps" else "immediate"  # all-reduce runs as over Horovod
+    # All-reduce runs as over Horovod, or, batching while busy, as over torch.distributed: every
+    # rank starts rank 0's batches, in its order.
+    batching = not vanilla and cluster.arch == "allreduce" and params.batch_bytes > 0
+    need = "ps" if cluster.arch == "ps" else "rank0" if batching else "immediate"
     follow_rank0 = not vanilla and order_mode(leader_policy, need=need, world_size=cluster.workers) == "rank0"
     workers: list[WorkerClass] = []
     for index, (spec, _ranks) in enumerate(classes):
@@ -217,7 +223,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
             policy_object.set_graph(_tictac_graph(profile, plans, cluster, fabric, partition_bytes, spec.compute))
         workers.append(WorkerClass(index, loop, profile, plans, Scheduler(policy_object), backend,
                                    compute_scale=spec.compute, barrier=vanilla,
-                                   update_on_device=cluster.arch == "allreduce"))
+                                   update_on_device=cluster.arch == "allreduce",
+                                   batches=backend if batching and isinstance(backend, _AllreduceBackend) else None))
     leader = workers[0]
     if follow_rank0:
         leader.followers = workers[1:]

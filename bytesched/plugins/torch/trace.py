@@ -15,7 +15,9 @@ Reads are observed with a ``TorchFunctionMode`` (every torch function sees its t
 that is active only during that first forward pass, from the first call into any of the model's
 modules until that call returns. Inside a compiled module's call the mode is suspended (Dynamo
 would trace it into the graph); the graph's own reads are reported instead, when the graph is
-compiled (:mod:`.compiled`), with no hook point: the graph's pieces wait for them.
+compiled (:mod:`.compiled`), with no hook point: the graph's pieces wait for them. Given a
+:class:`~bytesched.core.forward.ForwardRecorder`, the trace also hands it every function's tensor
+arguments and results: which functions use which results, the graph TicTac orders by (``tictac``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from bytesched.core.forward import ForwardRecorder
 
 HookPoint = tuple[nn.Module, str]
 """A module boundary: ``(module, "pre")`` before its forward runs, ``(module, "post")`` after."""
@@ -52,9 +56,10 @@ class ForwardTrace(TorchFunctionMode):
     (first module entered: the mode is pushed) -> ``done`` (that module returned: popped).
     """
 
-    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+    def __init__(self, params: Iterable[nn.Parameter], recorder: ForwardRecorder | None = None) -> None:
         super().__init__()
         self._watched = {id(p) for p in params}
+        self.recorder = recorder
         self.first_read: dict[int, tuple[int, HookPoint | None]] = {}
         self.state = "armed"
         self._suspended = False
@@ -112,4 +117,7 @@ class ForwardTrace(TorchFunctionMode):
             if key in self._watched and key not in self.first_read:
                 assert self._last is not None  # the trace starts at a module boundary
                 self.first_read[key] = (len(self.first_read), self._last)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if self.recorder is not None:
+            self.recorder.op(_tensors((args, kwargs)), _tensors((result,)))
+        return result
