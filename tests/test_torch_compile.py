@@ -25,8 +25,8 @@ from test_torch_plugin import Launch, free_port, job_env
 MODEL_CASES = ["compile/sgd/whole_graph", "compile/adam/pieces", "compile/sgd/pieces_split", "compile/sgd/barrier",
                "compile/sgd/in_place", "compile/adam/tied", "compile/sgd/backward_passes_per_step=2",
                "compile/adam/passing_through"]
-ALL_CASES = [*MODEL_CASES, "compile/adam/eval_after_step", "compile/adam/eager_eval_after_step", "compile/sgd/training_step",
-             "compile/training_step_in_barrier_mode_in_pieces"]
+ALL_CASES = [*MODEL_CASES, "compile/adam/eval_after_step", "compile/adam/eager_eval_after_step",
+             "compile/sgd/training_step", "compile/training_step_in_barrier_mode_in_pieces"]
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ and reports each run's samples/s from rank 0 (:mod:`benchmarks.emulated.protocol
 - ``bytesched``: ``torch.compile(model)`` under ``ScheduledOptimizer`` with no settings (the
   start-up plan chooses; the timed steps come once it settled); ``bytesched-barrier`` the same
   in barrier mode; ``bytesched-step`` the plain model under ``ScheduledOptimizer``, called from a
-  compiled function (a training step compiled as a whole: bytesched runs in barrier mode there). A suffix ``:SIZE`` sets the bytes of the graph's pieces for the real model
-  (``:inf``: one piece per graph), else bytesched's default; scaled like DDP's bucket.
+  compiled function (a training step compiled as a whole: bytesched runs in barrier mode there).
+  A suffix ``:SIZE`` sets the bytes of the graph's pieces for the real model (``:inf``: one piece
+  per graph), else bytesched's default; scaled like DDP's bucket.
 
 DDP's 25 MB bucket and bytesched's piece bound are scaled like the model's tensors (as in
 :mod:`benchmarks.emulated.torch_worker`), so that the scaled model has as many buckets and pieces

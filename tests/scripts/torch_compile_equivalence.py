@@ -86,7 +86,8 @@ def expect(what: str, condition: bool) -> None:
 def split_in_forward_order(optimizer: ScheduledOptimizer) -> None:
     """The graph was split into pieces, and the priorities follow the graph's reads."""
     expect(f"graph pieces {optimizer.graph_pieces}", optimizer.graph_pieces[0] == 3)
-    order = [slot.name.removeprefix("_orig_mod.") for slot in sorted(optimizer._pipeline.slots, key=lambda s: s.priority)]
+    slots = sorted(optimizer._pipeline.slots, key=lambda s: s.priority)
+    order = [slot.name.removeprefix("_orig_mod.") for slot in slots]
     expect(f"priorities {order}", order == FORWARD_ORDER)
 
 
