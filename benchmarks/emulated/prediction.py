@@ -52,7 +52,8 @@ def cluster_options(group: Group, topology: str, calibration: Calibration | None
     server per worker for PS), and the calibrated costs when there are any (of bytesched's path
     with ``scheduled``)."""
     options: dict[str, Any] = {"workers": group.ranks, "arch": group.framework.arch,
-                               "bandwidth": group.bits_per_second / 8, "topology": topology}
+                               "bandwidth": group.bits_per_second / 8, "topology": topology,
+                               "collective": "ring"}  # Gloo (Horovod and torch on the CPU), modelled as a ring
     if group.framework.arch == "ps":
         options["servers"] = group.ranks
     if group.framework.fuses:

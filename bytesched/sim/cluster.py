@@ -17,6 +17,8 @@ from ..core.config import ConfigError
 ARCHS = ("allreduce", "ps")
 TOPOLOGIES = ("full-duplex", "shared")
 ASSIGNMENTS = ("mxnet", "round-robin")
+COLLECTIVES = ("nccl", "ring", "tree")
+"""All-reduce algorithms (:mod:`bytesched.sim.allreduce`): NCCL's choice per size, or one always."""
 
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _DURATION_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -108,8 +110,11 @@ class Cluster:
             medium for everything, e.g. a rate-shaped loopback).
         overhead: θ, the fixed cost of every message (RPC, serialisation, synchronisation);
             the paper measured about 300 us.
-        latency: one network hop; a ring all-reduce pays ``2(n-1)`` of them, a PS message one
-            (pipelined: it delays the message, not the next one on its connection).
+        latency: one network hop; a ring all-reduce pays ``2(n-1)`` of them, a tree
+            ``4 ceil(log2 n)``, a PS message one (pipelined: it delays the message, not the next
+            one on its connection).
+        collective: the all-reduce algorithm: ``nccl`` (ring or tree, whichever is faster for
+            each collective's size, as NCCL chooses), ``ring`` (Gloo, MPI) or ``tree``.
         assignment: how the PS maps keys to servers: ``mxnet`` (a key of at least
             ``bigarray_bound`` elements is sliced evenly over all servers, smaller keys are
             hashed to one) or ``round-robin`` (each key whole on the next server).
@@ -131,6 +136,7 @@ class Cluster:
     topology: str = "full-duplex"
     overhead: float = 300e-6
     latency: float = 5e-6
+    collective: str = "nccl"
     assignment: str = "mxnet"
     bigarray_bound: int = 1_000_000
     fusion_threshold: float = 128 * 2**20
@@ -145,6 +151,8 @@ class Cluster:
             raise ConfigError(f"arch={self.arch!r} is unknown: expected one of {', '.join(ARCHS)}")
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"topology={self.topology!r} is unknown: expected one of {', '.join(TOPOLOGIES)}")
+        if self.collective not in COLLECTIVES:
+            raise ConfigError(f"collective={self.collective!r} is unknown: expected one of {', '.join(COLLECTIVES)}")
         if self.assignment not in ASSIGNMENTS:
             raise ConfigError(f"assignment={self.assignment!r} is unknown: expected one of {', '.join(ASSIGNMENTS)}")
         if self.servers is not None and (not isinstance(self.servers, int) or self.servers < 1):

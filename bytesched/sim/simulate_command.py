@@ -8,7 +8,7 @@ import sys
 
 from ..core.config import SIMULATED_POLICIES, ConfigError
 from .plan import PLAN
-from .cluster import ARCHS, ASSIGNMENTS, TOPOLOGIES
+from .cluster import ARCHS, ASSIGNMENTS, COLLECTIVES, TOPOLOGIES
 from .options import SWEEPABLE
 from .predict import simulate
 from .profile import ProfileError, shipped_profiles
@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a full-duplex NIC per host, or one shared medium (a shaped loopback)")
     p.add_argument("--overhead", default="300us", help="per-message overhead θ (default 300us, the paper's)")
     p.add_argument("--latency", default="5us", help="one network hop (default 5us)")
+    p.add_argument("--collective", choices=COLLECTIVES, default="nccl",
+                   help="all-reduce algorithm: nccl (ring or tree per size, as NCCL chooses; default), ring "
+                        "(Gloo, MPI) or tree")
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
     p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
@@ -67,8 +70,8 @@ def main(args: argparse.Namespace) -> int:
             sweep=args.sweep, iterations=args.iterations, warmup=args.warmup, tune=args.tune,
             arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
-            latency=args.latency, assignment=args.assignment, fusion_threshold=args.fusion_threshold,
-            cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes, worker_specs=args.worker or None)
+            latency=args.latency, collective=args.collective, assignment=args.assignment,
+            fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes, worker_specs=args.worker or None)
     except (ConfigError, ProfileError, SimulationError, ValueError) as error:
         print(f"bytesched simulate: {error}", file=sys.stderr)
         return 2

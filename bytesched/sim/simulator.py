@@ -9,7 +9,7 @@ steady-state iteration time:
   Horovod runs a collective once every rank submitted it; PS: ``rank0`` order, so that every
   worker's uplink carries rank 0's schedule, or ``immediate`` for a policy that never holds a
   sub-task back, as :func:`~bytesched.core.policies.order_mode` decides);
-- the backend is :class:`~bytesched.sim.allreduce.RingAllreduce` or
+- the backend is :class:`~bytesched.sim.allreduce.Allreduce` or
   :class:`~bytesched.sim.ps.ParameterServer` over a processor-sharing fabric;
 - ``vanilla`` is what frameworks do without bytesched: whole tensors in readiness order (the
   ``fifo`` policy), the global barrier, Horovod's tensor fusion for all-reduce, and the
@@ -26,7 +26,7 @@ from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Po
 from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
 from ..core.scheduler import Scheduler
 from ..core.task import SubTask, fusion_runs, split_elements
-from .allreduce import RingAllreduce
+from .allreduce import Allreduce, CollectiveCost
 from .cluster import Cluster, WorkerSpec
 from .engine import EventLoop
 from .network import Fabric, FullDuplexFabric, SharedMediumFabric
@@ -75,7 +75,7 @@ class RunResult:
 
 # -- backends as the workers see them -----------------------------------------------------------
 class _AllreduceBackend:
-    def __init__(self, ring: RingAllreduce) -> None:
+    def __init__(self, ring: Allreduce) -> None:
         self.ring = ring
 
     def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
@@ -141,6 +141,12 @@ def make_fabric(cluster: Cluster, loop: EventLoop, classes: Sequence[tuple[Worke
     return FullDuplexFabric(loop, bandwidths, multiplicity, servers, cluster.server_capacity)
 
 
+def collective_cost(cluster: Cluster, fabric: Fabric) -> CollectiveCost:
+    """The cost of one all-reduce on ``cluster`` (its algorithm, overhead and latency)."""
+    return CollectiveCost(fabric, cluster.workers, overhead=cluster.overhead, latency=cluster.latency,
+                          algorithm=cluster.collective)
+
+
 def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_bytes: float,
                       pieces: int | None = None) -> float:
     """Seconds to communicate one tensor alone (TicTac's time oracle for a transfer), in
@@ -148,8 +154,7 @@ def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_b
     if pieces is None:
         pieces = len(split_elements(nbytes // ELEMENT_BYTES, ELEMENT_BYTES, partition_bytes))
     if cluster.arch == "allreduce":
-        fixed = cluster.overhead + 2 * (cluster.workers - 1) * cluster.latency
-        return pieces * fixed + fabric.allreduce_seconds(nbytes, cluster.workers)
+        return pieces * collective_cost(cluster, fabric).seconds(nbytes / pieces)
     return pieces * 2 * (cluster.overhead + cluster.latency) + 2 * fabric.ps_lower_bound(nbytes, cluster.workers)
 
 
@@ -192,9 +197,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     classes = cluster.worker_classes()
     fabric = make_fabric(cluster, loop, classes)
     if cluster.arch == "allreduce":
-        ring = RingAllreduce(loop, fabric, cluster.workers, len(classes),
-                             overhead=cluster.overhead, latency=cluster.latency,
-                             fusion_threshold=cluster.fusion_threshold, cycle_time=cluster.cycle_time)
+        ring = Allreduce(loop, collective_cost(cluster, fabric), len(classes),
+                         fusion_threshold=cluster.fusion_threshold, cycle_time=cluster.cycle_time)
         backend: _AllreduceBackend | _PSBackend = _AllreduceBackend(ring)
     else:
         assignment = Assignment(cluster.assignment, cluster.num_servers, cluster.bigarray_bound)
