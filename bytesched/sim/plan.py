@@ -137,8 +137,8 @@ def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_
     """The fastest candidate for ``profile`` on ``cluster``: fifo unless a sized one is predicted
     faster by ``margin`` (a fraction of fifo's iteration time); staying out passes through unless
     a sized one is predicted faster by ``pass_through_margin``."""
-    stay_out = _search_seconds(profile, cluster, "fifo", STAY_OUT)
-    params, best = min(((params, _search_seconds(profile, cluster, "bytescheduler", params))
+    stay_out = search_seconds(profile, cluster, "fifo", STAY_OUT)
+    params, best = min(((params, search_seconds(profile, cluster, "bytescheduler", params))
                         for params in candidate_sizes(profile, cluster)), key=lambda candidate: candidate[1])
     if best < (1 - margin) * stay_out:
         return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin)
@@ -168,11 +168,11 @@ def fusion_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, fusion_byte
     fused layout must be predicted no slower than the observed one, whose time ``plan`` (made for
     ``profile`` on ``cluster``) already simulated, by :data:`FUSION_MARGIN`. Returns that and the
     predicted ratio of their iteration times (fused over observed)."""
-    fused = _search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
+    fused = search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
     ratio = fused / plan.stay_out_iteration_time
     return ratio <= 1 + FUSION_MARGIN, ratio
 
 
-def _search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams) -> float:
+def search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams) -> float:
     """The short simulation's iteration time of ``profile`` on ``cluster`` under ``policy``."""
     return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP).iteration_time

@@ -15,11 +15,12 @@ from typing import Any, Iterable, Sequence
 from ..core.config import ConfigError, SchedulingParams, format_size
 from ..core.policies import CreditPolicy, make_policy
 from .cluster import Cluster, format_bandwidth
-from .engine import EventLoop
 from .options import format_value, make_cluster, make_params, parse_sweep, policy_names
-from .plan import PLAN, candidate_sizes, make_plan
+from . import bound
+from .bound import Breakdown, achievable_time, communication_time, compute_time
+from .plan import PLAN, candidate_sizes, make_plan, search_seconds
 from .profile import ModelProfile, load_profile
-from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, make_fabric, run
+from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, run
 
 
 @dataclass
@@ -39,7 +40,8 @@ class PolicyPrediction:
 
 @dataclass
 class Prediction:
-    """All policies on one cluster, plus the ideal lower bound max(compute, communication)."""
+    """All policies on one cluster, plus the ideal lower bound max(compute, communication), the
+    achievable bound of :mod:`.bound` and, if asked for, where the gap to the plan goes."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -47,6 +49,9 @@ class Prediction:
     communication_time: float
     results: list[PolicyPrediction]
     sweep_value: Any = None
+    achievable_time: float = 0.0
+    """:func:`.bound.achievable_time`: Theorem 1's order with free messages and fine partitions."""
+    breakdown: Breakdown | None = None
 
     @property
     def ideal_time(self) -> float:
@@ -75,6 +80,10 @@ class Prediction:
             "ideal": {"iteration_time": self.ideal_time,
                       "throughput": self.samples_per_second(self.ideal_time),
                       "speedup": vanilla / self.ideal_time},
+            "achievable": {"iteration_time": self.achievable_time,
+                           "throughput": self.samples_per_second(self.achievable_time),
+                           "speedup": vanilla / self.achievable_time},
+            "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
             "results": [{f.name: _json_number(getattr(r, f.name)) for f in fields(r)} for r in self.results],
         }
 
@@ -109,7 +118,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
              partition: str | float | None = None, credit: str | float | None = None,
              sweep: tuple[str, Sequence[Any]] | str | None = None, iterations: int = DEFAULT_ITERATIONS,
              warmup: int = DEFAULT_WARMUP, tune: bool | Sequence[SchedulingParams] = False,
-             cluster: Cluster | None = None,
+             breakdown: bool = False, cluster: Cluster | None = None,
              **cluster_options: Any) -> Report:
     """Predict iteration time, throughput and speedup over vanilla for every policy.
 
@@ -125,6 +134,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         tune: run each credit-window policy at its best partition and credit size of
             :func:`tuning_grid` (24 simulations each, up to 28 on a parameter server), or of the given list of
             :class:`SchedulingParams`, instead of ``partition``/``credit``.
+        breakdown: also say where the gap between the ideal and the plan goes
+            (:func:`.bound.breakdown`: up to 63 more short simulations).
         cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
             ``bandwidth="10Gbps"``, ``worker_specs=["3:compute=1.5"]`` ...) change its fields.
     """
@@ -144,7 +155,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         elif variable is not None:
             point = replace(base, **{variable: value})
         params = make_params(part, cred)
-        prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune)
+        prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune,
+                             breakdown=breakdown)
         prediction.sweep_value = value
         predictions.append(prediction)
     return Report(predictions, variable, names)
@@ -152,11 +164,12 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
 
 def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], params: SchedulingParams, *,
             iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
-            tune: bool | Sequence[SchedulingParams] = False) -> Prediction:
+            tune: bool | Sequence[SchedulingParams] = False, breakdown: bool = False) -> Prediction:
     """Run vanilla and every policy in ``policies`` on ``cluster``; with ``tune``, each policy
     that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
     the given candidates) instead of ``params``. :data:`~.plan.PLAN` runs what
-    :func:`~.plan.make_plan` chooses."""
+    :func:`~.plan.make_plan` chooses. With ``breakdown``, the prediction says where the gap from
+    the ideal to the plan goes (:func:`.bound.breakdown`)."""
     grid = tuning_grid(profile, cluster) if tune is True else list(tune or [])
     runs = []
     for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
@@ -170,7 +183,12 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
             outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
                           key=lambda r: r.iteration_time)
         runs.append((outcome, time.perf_counter() - started))
-    prediction = Prediction(profile, cluster, _compute_time(profile, cluster), _communication_time(profile, cluster), [])
+    prediction = Prediction(profile, cluster, compute_time(profile, cluster), communication_time(profile, cluster), [],
+                            achievable_time=achievable_time(profile, cluster))
+    if breakdown:
+        chosen = make_plan(profile, cluster)
+        prediction.breakdown = bound.breakdown(profile, cluster, search_seconds(profile, cluster, chosen.policy,
+                                                                                 chosen.params))
     vanilla = runs[0][0].iteration_time
     prediction.results = [
         PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
@@ -189,23 +207,6 @@ def tuning_grid(profile: ModelProfile | None = None, cluster: Cluster | None = N
 
 def _has_credit(policy: str) -> bool:
     return policy != VANILLA and isinstance(make_policy(policy, SchedulingParams()), CreditPolicy)
-
-
-# -- the ideal lower bound ------------------------------------------------------------------
-def _compute_time(profile: ModelProfile, cluster: Cluster) -> float:
-    """One iteration of compute on the slowest worker (the PS applies updates on servers)."""
-    slowest = max(spec.compute for spec, _ in cluster.worker_classes())
-    per_layer = (layer.forward + layer.backward + (layer.update if cluster.arch == "allreduce" else 0.0)
-                 for layer in profile.layers)
-    return slowest * sum(per_layer)
-
-
-def _communication_time(profile: ModelProfile, cluster: Cluster) -> float:
-    """Moving every gradient at full bandwidth, with no per-message cost and perfect balance."""
-    fabric = make_fabric(cluster, EventLoop(), cluster.worker_classes())
-    if cluster.arch == "allreduce":
-        return fabric.allreduce_seconds(profile.nbytes, cluster.workers)
-    return fabric.ps_lower_bound(profile.nbytes, cluster.workers)
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -231,7 +232,17 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     ideal = p.ideal_time
     lines.append(f"{'ideal':<15}{'':>10}{'':>9}{ideal * 1e3:>10.2f} ms{p.samples_per_second(ideal):>12.1f}"
                  f"{p.vanilla.iteration_time / ideal:>8.2f}x")
-    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, communication {p.communication_time * 1e3:.2f} ms))")
+    achievable = p.achievable_time
+    lines.append(f"{'achievable':<15}{'':>10}{'':>9}{achievable * 1e3:>10.2f} ms"
+                 f"{p.samples_per_second(achievable):>12.1f}{p.vanilla.iteration_time / achievable:>8.2f}x")
+    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, communication {p.communication_time * 1e3:.2f} ms); "
+                 f"achievable = Theorem 1's order, free messages, fine partitions)")
+    if p.breakdown is not None:
+        lines.append("where the time from the ideal to the plan goes:")
+        for (cause, seconds), stage in zip(p.breakdown.gaps(), p.breakdown.stages[1:]):
+            sizes = "" if stage.params is None else (f" (best of the grid: {format_size(stage.params.partition_bytes)}"
+                                                     f" / {format_size(stage.params.credit_bytes)})")
+            lines.append(f"  {cause:<26}{seconds * 1e3:>+9.2f} ms -> {stage.name} {stage.iteration_time * 1e3:.2f} ms{sizes}")
     return "\n".join(lines)
 
 
