@@ -21,6 +21,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.soak",
     "benchmarks.overhead",
     "benchmarks.plan_study",
+    "benchmarks.scale",
 )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable
+from typing import Callable, Hashable
 
 from ..core.task import SubTask
 from .engine import Event, EventLoop
@@ -60,6 +60,7 @@ class CollectiveCost:
         self.workers = workers
         self.algorithm = algorithm
         self.ring_fixed = overhead + 2 * (workers - 1) * latency
+        self.half_fixed = overhead + (workers - 1) * latency
         self.tree_fixed = overhead + 2 * tree_levels(workers) * TREE_LEVEL_HOPS * latency
 
     def ring(self, nbytes: float) -> float:
@@ -69,21 +70,35 @@ class CollectiveCost:
         return self.tree_fixed + self.fabric.tree_allreduce_seconds(nbytes, self.workers) / TREE_BANDWIDTH
 
     def seconds(self, nbytes: float) -> float:
-        """Duration of one collective of ``nbytes``."""
+        """Duration of one all-reduce of ``nbytes``."""
         if self.algorithm == "ring" or self.workers < 2:
             return self.ring(nbytes)
         if self.algorithm == "tree":
             return self.tree(nbytes)
         return min(self.ring(nbytes), self.tree(nbytes))
 
+    def half(self, nbytes: float) -> float:
+        """Duration of a reduce-scatter (or an all-gather) of ``nbytes``: half a ring all-reduce,
+        with its own overhead: ``θ + (n-1)·latency + (n-1)/n · b / bandwidth``. NCCL runs both
+        with the ring algorithm only (its tuning model weighs no tree for them)."""
+        return self.half_fixed + self.fabric.allreduce_seconds(nbytes, self.workers) / 2
+
+
+ALLREDUCE = "allreduce"
+HALF = "half"
+"""The kinds of collective :class:`Allreduce` runs: an all-reduce, or a reduce-scatter or
+all-gather (:meth:`CollectiveCost.half`). Only collectives of one kind fuse."""
+
 
 class _Pending:
-    """A collective waiting for its submissions: how many classes submitted, and their callbacks."""
+    """A collective waiting for its submissions: its kind, how many classes submitted, and their
+    callbacks."""
 
-    __slots__ = ("nbytes", "count", "callbacks")
+    __slots__ = ("nbytes", "kind", "count", "callbacks")
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: float, kind: str) -> None:
         self.nbytes = nbytes
+        self.kind = kind
         self.count = 0
         self.callbacks: list[Done] = []
 
@@ -98,7 +113,7 @@ class Allreduce:
         self.num_classes = num_classes
         self.fusion_threshold = fusion_threshold
         self.cycle_time = cycle_time
-        self._pending: dict[tuple[str, int, int], _Pending] = {}
+        self._pending: dict[Hashable, _Pending] = {}
         self._queue: deque[_Pending] = deque()
         self._busy = False
         self._next_tick = 0.0
@@ -110,14 +125,19 @@ class Allreduce:
         return self.fusion_threshold > 0 and self.cycle_time > 0
 
     def submit(self, sub: SubTask, done: Done) -> None:
-        """One worker class submitted ``sub``; it runs once every class did."""
-        pending = self._pending.get(sub.key)
+        """One worker class submitted ``sub``'s all-reduce; it runs once every class did."""
+        self.submit_collective(sub.key, sub.nbytes, ALLREDUCE, done)
+
+    def submit_collective(self, key: Hashable, nbytes: float, kind: str, done: Done) -> None:
+        """One worker class submitted the collective ``key`` of ``nbytes`` and ``kind``; it runs
+        once every class did, after the collectives every class submitted before."""
+        pending = self._pending.get(key)
         if pending is None:
-            pending = self._pending[sub.key] = _Pending(sub.nbytes)
+            pending = self._pending[key] = _Pending(nbytes, kind)
         pending.count += 1
         pending.callbacks.append(done)
         if pending.count == self.num_classes:
-            del self._pending[sub.key]
+            del self._pending[key]
             self._queue.append(pending)
             self._kick()
 
@@ -141,7 +161,7 @@ class Allreduce:
         size = math.inf
         while self._queue:
             item = self._queue.popleft()
-            if size + item.nbytes > self.fusion_threshold or not groups:
+            if not groups or size + item.nbytes > self.fusion_threshold or item.kind != groups[-1][0].kind:
                 groups.append([])
                 size = 0
             groups[-1].append(item)
@@ -157,7 +177,8 @@ class Allreduce:
         self._busy = True
         group = groups.pop(0)
         self.collectives += 1
-        duration = self.cost.seconds(sum(item.nbytes for item in group))
+        nbytes = sum(item.nbytes for item in group)
+        duration = self.cost.seconds(nbytes) if group[0].kind == ALLREDUCE else self.cost.half(nbytes)
         self.loop.call_later(duration, self._group_done, group, groups)
 
     def _group_done(self, group: list[_Pending], rest: list[list[_Pending]]) -> None:

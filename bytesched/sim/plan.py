@@ -78,6 +78,14 @@ FINE_PIECES_MAX = 256
 """A partition of :data:`FINE_PARTITIONS` is weighed only where it cuts the model's gradients into
 at most this many pieces: each piece is a simulated event per worker, so the search stays well under
 a second, and a model of hundreds of megabytes keeps the megabyte partitions."""
+SERVER_CREDITS = (2, 4)
+"""Credits in partitions per server that a parameter server's plan also weighs, for each partition
+it weighs, where the smallest exceeds the largest of :data:`CANDIDATE_CREDIT_FACTORS` (more than
+four servers), below the model's bytes. Every worker pushes the same partition at the same time
+to the one server that holds it, whose link the workers share: to keep every worker's link busy,
+as many partitions as servers must be in flight, and twice that for pulls to overlap pushes. In
+the simulator, ResNet50 on 32 workers at 25 Gbit/s ran best at 64 partitions in flight, where the
+plan's largest credit of 8 had it stay out (docs/simulator.md, "How far from the limit")."""
 SEARCH_ITERATIONS = 1
 SEARCH_WARMUP = 1
 
@@ -85,12 +93,17 @@ SEARCH_WARMUP = 1
 def candidate_sizes(profile: ModelProfile | None = None, cluster: Cluster | None = None) -> list[SchedulingParams]:
     """Partitions of 1 to 32 MB, credits of 1 to 8 partitions (24 candidates); for ``profile`` on
     a parameter-server ``cluster``, also each of :data:`FINE_PARTITIONS` that cuts the model into at
-    most :data:`FINE_PIECES_MAX` pieces, at each of :data:`FINE_CREDITS`."""
+    most :data:`FINE_PIECES_MAX` pieces, at each of :data:`FINE_CREDITS`, and with more than four
+    servers every partition at the credits of :data:`SERVER_CREDITS` per server."""
     sizes = [SchedulingParams(partition_bytes=p, credit_bytes=p * k)
              for p in CANDIDATE_PARTITIONS for k in CANDIDATE_CREDIT_FACTORS]
     if profile is not None and cluster is not None and cluster.arch == "ps":
-        sizes += [SchedulingParams(partition_bytes=p, credit_bytes=c) for p in FINE_PARTITIONS
-                  if profile.nbytes <= p * FINE_PIECES_MAX for c in FINE_CREDITS]
+        fine = [p for p in FINE_PARTITIONS if profile.nbytes <= p * FINE_PIECES_MAX]
+        sizes += [SchedulingParams(partition_bytes=p, credit_bytes=c) for p in fine for c in FINE_CREDITS]
+        if min(SERVER_CREDITS) * cluster.num_servers > max(CANDIDATE_CREDIT_FACTORS):
+            sizes += [SchedulingParams(partition_bytes=p, credit_bytes=p * k * cluster.num_servers)
+                      for p in (*fine, *CANDIDATE_PARTITIONS) for k in SERVER_CREDITS
+                      if p * k * cluster.num_servers < profile.nbytes]
     return sizes
 
 
@@ -108,6 +121,8 @@ class Plan:
     """The same under the fastest sized candidate, chosen or not."""
     pass_through_margin: float = PASS_THROUGH_MARGIN
     """The predicted gain of the fastest sized candidate below which staying out passes through."""
+    decoupled: bool = False
+    """Each all-reduce runs as a reduce-scatter and an all-gather (:mod:`.decoupled`)."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -129,19 +144,23 @@ class Plan:
         if self.policy == "fifo":
             return "fifo: no partitioning, no credit limit (no predicted gain from scheduling)"
         return (f"bytescheduler: {self.params.partition_bytes / 1e6:g} MB partitions, "
-                f"{self.params.credit_bytes / 1e6:g} MB credit")
+                f"{self.params.credit_bytes / 1e6:g} MB credit" + (", decoupled all-reduce" if self.decoupled else ""))
 
 
 def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_MARGIN,
-              pass_through_margin: float = PASS_THROUGH_MARGIN) -> Plan:
+              pass_through_margin: float = PASS_THROUGH_MARGIN, decoupled: bool = False) -> Plan:
     """The fastest candidate for ``profile`` on ``cluster``: fifo unless a sized one is predicted
     faster by ``margin`` (a fraction of fifo's iteration time); staying out passes through unless
-    a sized one is predicted faster by ``pass_through_margin``."""
+    a sized one is predicted faster by ``pass_through_margin``. With ``decoupled`` (all-reduce)
+    every size is also weighed as a decoupled all-reduce (:mod:`.decoupled`), kept on the same
+    terms: a backend with reduce-scatter and all-gather could run it."""
     stay_out = search_seconds(profile, cluster, "fifo", STAY_OUT)
-    params, best = min(((params, search_seconds(profile, cluster, "bytescheduler", params))
-                        for params in candidate_sizes(profile, cluster)), key=lambda candidate: candidate[1])
+    schedules = (False, True) if decoupled and cluster.arch == "allreduce" else (False,)
+    (params, split), best = min((((params, split), search_seconds(profile, cluster, "bytescheduler", params, split))
+                                 for params in candidate_sizes(profile, cluster) for split in schedules),
+                                key=lambda candidate: candidate[1])
     if best < (1 - margin) * stay_out:
-        return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin)
+        return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin, split)
     return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)
 
 
@@ -173,6 +192,8 @@ def fusion_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, fusion_byte
     return ratio <= 1 + FUSION_MARGIN, ratio
 
 
-def search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams) -> float:
+def search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams,
+                   decoupled: bool = False) -> float:
     """The short simulation's iteration time of ``profile`` on ``cluster`` under ``policy``."""
-    return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP).iteration_time
+    return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP,
+               decoupled=decoupled).iteration_time

@@ -36,6 +36,8 @@ class PolicyPrediction:
     """None for a policy without a credit window (vanilla, fifo, p3)."""
     wall_seconds: float
     """How long the simulation itself took (all tuning runs included)."""
+    decoupled: bool = False
+    """It ran as a decoupled all-reduce (the plan's choice, :mod:`.decoupled`)."""
 
 
 @dataclass
@@ -118,7 +120,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
              partition: str | float | None = None, credit: str | float | None = None,
              sweep: tuple[str, Sequence[Any]] | str | None = None, iterations: int = DEFAULT_ITERATIONS,
              warmup: int = DEFAULT_WARMUP, tune: bool | Sequence[SchedulingParams] = False,
-             breakdown: bool = False, cluster: Cluster | None = None,
+             breakdown: bool = False, decoupled: bool = False, cluster: Cluster | None = None,
              **cluster_options: Any) -> Report:
     """Predict iteration time, throughput and speedup over vanilla for every policy.
 
@@ -134,6 +136,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         tune: run each credit-window policy at its best partition and credit size of
             :func:`tuning_grid` (24 simulations each, up to 28 on a parameter server), or of the given list of
             :class:`SchedulingParams`, instead of ``partition``/``credit``.
+        decoupled: the plan also weighs a decoupled all-reduce (DeAR, :mod:`.decoupled`), which
+            no plugin runs yet.
         breakdown: also say where the gap between the ideal and the plan goes
             (:func:`.bound.breakdown`: up to 63 more short simulations).
         cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
@@ -156,7 +160,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
             point = replace(base, **{variable: value})
         params = make_params(part, cred)
         prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune,
-                             breakdown=breakdown)
+                             breakdown=breakdown, decoupled=decoupled)
         prediction.sweep_value = value
         predictions.append(prediction)
     return Report(predictions, variable, names)
@@ -164,20 +168,22 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
 
 def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], params: SchedulingParams, *,
             iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
-            tune: bool | Sequence[SchedulingParams] = False, breakdown: bool = False) -> Prediction:
+            tune: bool | Sequence[SchedulingParams] = False, breakdown: bool = False,
+            decoupled: bool = False) -> Prediction:
     """Run vanilla and every policy in ``policies`` on ``cluster``; with ``tune``, each policy
     that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
     the given candidates) instead of ``params``. :data:`~.plan.PLAN` runs what
-    :func:`~.plan.make_plan` chooses. With ``breakdown``, the prediction says where the gap from
-    the ideal to the plan goes (:func:`.bound.breakdown`)."""
+    :func:`~.plan.make_plan` chooses, weighing a decoupled all-reduce too with ``decoupled``. With
+    ``breakdown``, the prediction says where the gap from the ideal to the plan goes
+    (:func:`.bound.breakdown`)."""
     grid = tuning_grid(profile, cluster) if tune is True else list(tune or [])
     runs = []
     for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
         started = time.perf_counter()
         if name == PLAN:
-            chosen = make_plan(profile, cluster)
+            chosen = make_plan(profile, cluster, decoupled=decoupled)
             outcome = replace(run(profile, cluster, chosen.policy, chosen.params, iterations=iterations,
-                                  warmup=warmup), policy=PLAN)
+                                  warmup=warmup, decoupled=chosen.decoupled), policy=PLAN)
         else:
             candidates = grid if grid and _has_credit(name) else [params]
             outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
@@ -186,13 +192,13 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
     prediction = Prediction(profile, cluster, compute_time(profile, cluster), communication_time(profile, cluster), [],
                             achievable_time=achievable_time(profile, cluster))
     if breakdown:
-        chosen = make_plan(profile, cluster)
+        chosen = make_plan(profile, cluster, decoupled=decoupled)
         prediction.breakdown = bound.breakdown(profile, cluster, search_seconds(profile, cluster, chosen.policy,
-                                                                                 chosen.params))
+                                                                                 chosen.params, chosen.decoupled))
     vanilla = runs[0][0].iteration_time
     prediction.results = [
         PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
-                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall)
+                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall, r.decoupled)
         for r, wall in runs]
     return prediction
 
@@ -228,7 +234,7 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
         part = "-" if r.policy == VANILLA else format_size(r.partition_bytes)
         cred = "-" if r.credit_bytes is None else format_size(r.credit_bytes)
         lines.append(f"{r.policy:<15}{part:>10}{cred:>9}{r.iteration_time * 1e3:>10.2f} ms"
-                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x")
+                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x" + ("  (decoupled all-reduce)" if r.decoupled else ""))
     ideal = p.ideal_time
     lines.append(f"{'ideal':<15}{'':>10}{'':>9}{ideal * 1e3:>10.2f} ms{p.samples_per_second(ideal):>12.1f}"
                  f"{p.vanilla.iteration_time / ideal:>8.2f}x")

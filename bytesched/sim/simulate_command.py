@@ -51,6 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", action="store_true",
                    help="run each credit-window policy at its best partition/credit (a 24-point grid), "
                         "as the paper's auto-tuned results")
+    p.add_argument("--decoupled", action="store_true",
+                   help="the plan also weighs a decoupled all-reduce (DeAR: reduce-scatters in the backward pass, "
+                        "all-gathers in the next forward pass), which no plugin runs yet")
     p.add_argument("--breakdown", action="store_true",
                    help="also say where the time from the ideal to the plan goes (order constraint, partitions and "
                         "placement, hop latency, per-message cost, the plan's choice): up to 63 more short simulations")
@@ -71,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         report = simulate(
             args.profile, policies=args.policy, partition=args.partition, credit=args.credit,
             sweep=args.sweep, iterations=args.iterations, warmup=args.warmup, tune=args.tune,
-            breakdown=args.breakdown,
+            breakdown=args.breakdown, decoupled=args.decoupled,
             arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
             latency=args.latency, collective=args.collective, assignment=args.assignment,

@@ -27,12 +27,13 @@ from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPoli
 from ..core.scheduler import Scheduler
 from ..core.task import SubTask, fusion_runs, split_elements
 from .allreduce import Allreduce, CollectiveCost
+from .decoupled import DecoupledAllreduce
 from .cluster import Cluster, WorkerSpec
 from .engine import EventLoop
 from .network import Fabric, FullDuplexFabric, SharedMediumFabric
 from .profile import ELEMENT_BYTES, ModelProfile
 from .ps import Assignment, ParameterServer, plugin_layout
-from .worker import SimCommTask, TensorPlan, WorkerClass
+from .worker import Backend, SimCommTask, TensorPlan, WorkerClass
 
 VANILLA = "vanilla"
 """The baseline every speedup is relative to (see the module docstring)."""
@@ -71,6 +72,8 @@ class RunResult:
     leader_policy: Policy
     """Rank 0's policy object after the run (what it learned, e.g. Prophet's profile)."""
     trace: Trace | None = None
+    decoupled: bool = False
+    """Each all-reduce ran as a reduce-scatter and, in the next forward pass, an all-gather."""
 
 
 # -- backends as the workers see them -----------------------------------------------------------
@@ -172,7 +175,7 @@ def _tictac_graph(profile: ModelProfile, plans: Sequence[TensorPlan], cluster: C
 # -- one run ----------------------------------------------------------------------------------
 def run(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams | None = None, *,
         iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
-        priorities: Sequence[int] | None = None, trace: bool = False) -> RunResult:
+        priorities: Sequence[int] | None = None, trace: bool = False, decoupled: bool = False) -> RunResult:
     """Simulate under ``policy`` (or :data:`VANILLA`) until rank 0 has finished the forward
     pass of iteration ``warmup + iterations``; the iteration time is the mean time between the
     ends of successive forward passes over the last ``iterations`` of them. (With
@@ -180,10 +183,16 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     forward pass: the quantity Theorem 1 of the paper minimises.)
 
     ``priorities`` overrides the tensors' priorities (forward order by default), e.g. to try
-    every transmission order; ``trace`` keeps rank 0's sub-tasks and compute spans.
+    every transmission order; ``trace`` keeps rank 0's sub-tasks and compute spans. With
+    ``decoupled`` (all-reduce, not vanilla) every sub-task the policy starts is a reduce-scatter and
+    the all-gathers follow in the next forward pass, in buckets of the partition size
+    (:mod:`~bytesched.sim.decoupled`).
     """
     if iterations < 1 or warmup < 0:
         raise ValueError(f"iterations={iterations} must be >= 1 and warmup={warmup} >= 0")
+    if decoupled and (cluster.arch != "allreduce" or policy == VANILLA):
+        raise ValueError(f"a decoupled all-reduce needs an all-reduce cluster and a policy, not {cluster.arch} "
+                         f"under {policy}")
     params = params or SchedulingParams()
     vanilla = policy == VANILLA
     policy_name = "fifo" if vanilla else policy
@@ -199,7 +208,7 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     if cluster.arch == "allreduce":
         ring = Allreduce(loop, collective_cost(cluster, fabric), len(classes),
                          fusion_threshold=cluster.fusion_threshold, cycle_time=cluster.cycle_time)
-        backend: _AllreduceBackend | _PSBackend = _AllreduceBackend(ring)
+        backend: Backend = DecoupledAllreduce(ring, partition_bytes) if decoupled else _AllreduceBackend(ring)
     else:
         assignment = Assignment(cluster.assignment, cluster.num_servers, cluster.bigarray_bound)
         if not vanilla and cluster.assignment == "mxnet":
@@ -221,7 +230,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
             policy_object.set_graph(_tictac_graph(profile, plans, cluster, fabric, partition_bytes, spec.compute))
         workers.append(WorkerClass(index, loop, profile, plans, Scheduler(policy_object), backend,
                                    compute_scale=spec.compute, barrier=vanilla,
-                                   update_on_device=cluster.arch == "allreduce"))
+                                   update_on_device=cluster.arch == "allreduce",
+                                   gather=backend if isinstance(backend, DecoupledAllreduce) else None))
     leader = workers[0]
     if follow_rank0:
         leader.followers = workers[1:]
@@ -248,6 +258,7 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         subtasks_per_iteration=started / total,
         leader_policy=leader_policy,
         trace=Trace(leader.finished_subtasks or [], leader.compute_spans or []) if trace else None,
+        decoupled=decoupled,
     )
 
 

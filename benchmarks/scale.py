@@ -1,0 +1,155 @@
+"""``python -m benchmarks scale``: at GPU speed and at scale, how much of the available gain the
+plan captures, in the simulator.
+
+Per scenario (a GPU-class profile, ``*-h100-bf16``, on all-reduce with 16, 64 and 256 workers or
+a parameter server with 8 and 32, at 25 and 100 Gbit/s) it runs what ``bytesched simulate
+--policy fifo,bytescheduler,plan --tune`` runs and reports each speedup over vanilla, the ideal
+(``max(compute, communication)``), the achievable bound and the *share* of the available gain
+the plan captures, ``(speedup - 1) / (ideal - 1)``. ``--held-out`` runs other clusters (8, 32
+and 128 workers on all-reduce, 4 and 16 on a parameter server, at 10 and 40 Gbit/s), which no
+constant of the plan was chosen on. ``--breakdown`` adds where each scenario's gap goes
+(``bytesched simulate --breakdown``). The simulator is deterministic: one run is the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from bytesched.sim import simulate
+
+MODELS = ("resnet50", "vgg16", "transformer")
+PROFILE = "{model}-h100-bf16"
+GAIN_FLOOR = 1.05
+"""Scenarios whose ideal speedup is below this have too little to gain to count a share."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Worker counts per architecture and bandwidths."""
+
+    workers: dict[str, tuple[int, ...]]
+    bandwidths: tuple[str, ...]
+
+    def scenarios(self, models: Sequence[str] = MODELS) -> list[tuple[str, str, int, str]]:
+        """(model, architecture, workers, bandwidth), all-reduce first, as the issue's table."""
+        return [(model, arch, workers, bandwidth) for model, arch in itertools.product(models, self.workers)
+                for bandwidth in self.bandwidths for workers in self.workers[arch]]
+
+
+GRID = Grid({"allreduce": (16, 64, 256), "ps": (8, 32)}, ("25Gbps", "100Gbps"))
+HELD_OUT = Grid({"allreduce": (8, 32, 128), "ps": (4, 16)}, ("10Gbps", "40Gbps"))
+QUICK = Grid({"allreduce": (64,), "ps": (8,)}, ("100Gbps",))
+
+
+def scenario(model: str, arch: str, workers: int, bandwidth: str, breakdown: bool = False) -> dict[str, Any]:
+    """Every figure of one scenario."""
+    started = time.perf_counter()
+    prediction = simulate(PROFILE.format(model=model), policies="fifo,bytescheduler,plan", tune=True,
+                          breakdown=breakdown, arch=arch, workers=workers, bandwidth=bandwidth).predictions[0]
+    data = prediction.to_json()
+    speedups = {r["policy"]: r["speedup"] for r in data["results"]}
+    plan = prediction.result("plan")
+    ideal = data["ideal"]["speedup"]
+    best = max(speedups.values())
+    return {"model": model, "arch": arch, "workers": workers, "bandwidth": bandwidth,
+            "speedups": speedups, "ideal": ideal, "achievable": data["achievable"]["speedup"],
+            "plan_partition_bytes": plan.partition_bytes, "plan_credit_bytes": plan.credit_bytes,
+            "plan_share": share(speedups["plan"], ideal), "best_share": share(best, ideal),
+            "achievable_share": share(data["achievable"]["speedup"], ideal),
+            "breakdown": data["breakdown"], "seconds": time.perf_counter() - started}
+
+
+def share(speedup: float, ideal: float) -> float | None:
+    """The part of the available gain a speedup captures (None where nothing is available)."""
+    return (speedup - 1) / (ideal - 1) if ideal > 1 else None
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The targets' figures over ``rows``: shares where the ideal gains at least 5 %."""
+    counted = [r for r in rows if r["ideal"] >= GAIN_FLOOR]
+    shares = [r["plan_share"] for r in counted]
+    return {"scenarios": len(rows), "counted": len(counted),
+            "median_share": statistics.median(shares) if shares else None,
+            "min_share": min(shares) if shares else None,
+            "median_achievable_share": statistics.median(r["achievable_share"] for r in counted) if counted else None,
+            "below_0.3": sum(s < 0.3 for s in shares),
+            "min_plan_speedup": min(r["speedups"]["plan"] for r in rows),
+            "below_vanilla": sum(r["speedups"]["plan"] < 1.0 for r in rows)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The table of docs/simulator.md: one row per scenario, then the summary."""
+    lines = ["| model | architecture | workers | bandwidth | plan | best tuned | achievable | ideal | share | "
+             "plan's sizes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        sizes = ("stays out" if r["plan_credit_bytes"] is None
+                 else f"{r['plan_partition_bytes'] / 1e6:g} / {r['plan_credit_bytes'] / 1e6:g} MB")
+        cell = "-" if r["plan_share"] is None or r["ideal"] < GAIN_FLOOR else f"{r['plan_share']:.2f}"
+        lines.append(f"| {r['model']} | {'all-reduce' if r['arch'] == 'allreduce' else 'PS'} | {r['workers']} | "
+                     f"{r['bandwidth'].replace('Gbps', ' Gbit/s')} | {r['speedups']['plan']:.2f}x | "
+                     f"{max(r['speedups'].values()):.2f}x | {r['achievable']:.2f}x | {r['ideal']:.2f}x | {cell} | {sizes} |")
+    s = result["summary"]
+    lines += ["", f"Over the {s['counted']} of {s['scenarios']} scenarios whose ideal gains at least 5 %: median share "
+              f"{s['median_share']:.2f}, lowest {s['min_share']:.2f} ({s['below_0.3']} below 0.3; the achievable "
+              f"bound's median {s['median_achievable_share']:.2f}); the plan's lowest speedup "
+              f"{s['min_plan_speedup']:.2f}x ({s['below_vanilla']} below vanilla)."]
+    return "\n".join(lines)
+
+
+def breakdown_markdown(result: dict[str, Any]) -> str:
+    """Where each scenario's time from the ideal to the plan goes, in ms."""
+    rows = [r for r in result["rows"] if r["breakdown"]]
+    if not rows:
+        return ""
+    causes = [gap["cause"] for gap in rows[0]["breakdown"]["gaps"]]
+    lines = ["| scenario | ideal ms | " + " | ".join(causes) + " | plan ms |",
+             "|---|---|" + "---|" * len(causes) + "---|"]
+    for r in rows:
+        stages = r["breakdown"]["stages"]
+        gaps = " | ".join(f"{gap['seconds'] * 1e3:+.1f}" for gap in r["breakdown"]["gaps"])
+        lines.append(f"| {r['model']} {'all-reduce' if r['arch'] == 'allreduce' else 'PS'} {r['workers']}, "
+                     f"{r['bandwidth'].replace('Gbps', ' Gbit/s')} | {stages[0]['iteration_time'] * 1e3:.1f} | {gaps} | "
+                     f"{stages[-1]['iteration_time'] * 1e3:.1f} |")
+    return "\n".join(lines)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``scale`` benchmark to ``python -m benchmarks``."""
+    parser = subparsers.add_parser("scale", help="the plan's share of the available gain at GPU speed and at scale "
+                                                 "(simulator)", description=__doc__.splitlines()[0])
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--held-out", action="store_true", help="the held-out clusters instead of the issue's grid")
+    which.add_argument("--quick", action="store_true", help="one all-reduce and one PS cluster")
+    parser.add_argument("--breakdown", action="store_true", help="also where each scenario's gap goes")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    grid = HELD_OUT if args.held_out else QUICK if args.quick else GRID
+    started = time.perf_counter()
+    rows = []
+    for model, arch, workers, bandwidth in grid.scenarios():
+        rows.append(scenario(model, arch, workers, bandwidth, breakdown=args.breakdown))
+        if not args.json:
+            r = rows[-1]
+            print(f"{model:<12}{arch:<10}{workers:>5}{bandwidth:>9}  plan {r['speedups']['plan']:.2f}x of "
+                  f"{r['ideal']:.2f}x (achievable {r['achievable']:.2f}x)", file=sys.stderr, flush=True)
+    result = {"grid": "held-out" if args.held_out else "quick" if args.quick else "issue",
+              "command": "python -m benchmarks scale" + (" --held-out" if args.held_out else "")
+              + (" --quick" if args.quick else "") + (" --breakdown" if args.breakdown else ""),
+              "rows": rows, "summary": summary(rows), "wall_seconds": time.perf_counter() - started}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(markdown(result))
+        if args.breakdown:
+            print("\n" + breakdown_markdown(result))
+    return 0
