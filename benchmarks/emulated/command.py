@@ -26,7 +26,8 @@ from ..provenance import command_line, revision
 from .cells import FRAMEWORKS, REAL_MODELS, Group, groups, quick
 from .configs import CONFIGURATIONS
 from .calibration import Calibration
-from .prediction import as_measured, cluster_options, fit_probes, predict_group, refresh_ideals, resolve
+from .prediction import (accuracy_markdown, as_measured, cluster_options, fit_probes, predict_group, prediction_errors,
+                         refresh_ideals, repredict, resolve)
 from .report import details_page, plot, summary, write_section
 from .results import FORMAT, families, load, merge, save
 from .runner import Workload, run_groups
@@ -69,6 +70,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--docs", action="store_true", help="also write docs/benchmarks.md's section and plots")
     parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                         help="do not run: regenerate docs/benchmarks.md's section and plots from these results files")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="with --report: print instead the simulator's prediction error on every measured "
+                             "configuration, each group predicted again with this version (docs/simulator.md)")
     parser.add_argument("--docs-file", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument("--details-file", type=Path, default=REPO / "docs" / "benchmarks-emulated.md",
                         help="the generated page with every run (default docs/benchmarks-emulated.md)")
@@ -182,6 +186,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def accuracy(parts: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """The accuracy table of every family of results files (each merged as the report merges it,
+    every cell from its latest run), predicted again with this version of the simulator."""
+    errors = []
+    for family in parts:
+        merged = merge(list(family))
+        repredict(merged)
+        errors += prediction_errors(merged)
+    return accuracy_markdown(errors)
+
+
 def write_docs(results: dict[str, Any], args: argparse.Namespace, others: Sequence[dict[str, Any]] = ()) -> None:
     """The generated section of the benchmarks page, the page of every run and the plots; runs whose
     models were scaled otherwise (``others``) get tables of their own, without plots."""
@@ -195,6 +210,9 @@ def write_docs(results: dict[str, Any], args: argparse.Namespace, others: Sequen
 
 def main(args: argparse.Namespace) -> int:
     try:
+        if args.report is not None and args.accuracy:
+            print(accuracy(families([load(path) for path in args.report])))
+            return 0
         if args.report is not None:
             main_family, *others = families([load(path) for path in args.report])
             write_docs(merge(main_family), args, [merge(other) for other in others])
