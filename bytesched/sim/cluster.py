@@ -121,6 +121,10 @@ class Cluster:
         bigarray_bound: MXNet's ``MXNET_KVSTORE_BIGARRAY_BOUND`` in elements.
         fusion_threshold: Horovod tensor fusion buffer (vanilla all-reduce), bytes.
         cycle_time: Horovod background-loop cycle (vanilla all-reduce), seconds.
+        asynchronous: a parameter server of asynchronous SGD (MXNet's ``dist_async``): each
+            worker goes on after its own push and pull, a server applies each push alone and
+            answers its pull, and every worker is simulated apart, started a fraction of a step
+            after the one before (:mod:`bytesched.sim.simulator`).
         bucket_bytes: bytesched's tensor fusion in a scheduled all-reduce job
             (``BYTESCHED_FUSION_BYTES`` of the PyTorch plugin and of MXNet over Horovod):
             consecutive tensors share one task while they hold at most this many bytes
@@ -141,6 +145,7 @@ class Cluster:
     bigarray_bound: int = 1_000_000
     fusion_threshold: float = 128 * 2**20
     cycle_time: float = 1e-3
+    asynchronous: bool = False
     bucket_bytes: float = 0.0
     worker_specs: tuple[tuple[int, WorkerSpec], ...] = field(default=())
 
@@ -155,6 +160,8 @@ class Cluster:
             raise ConfigError(f"collective={self.collective!r} is unknown: expected one of {', '.join(COLLECTIVES)}")
         if self.assignment not in ASSIGNMENTS:
             raise ConfigError(f"assignment={self.assignment!r} is unknown: expected one of {', '.join(ASSIGNMENTS)}")
+        if self.asynchronous and self.arch != "ps":
+            raise ConfigError(f"asynchronous training needs a parameter server (arch='ps'), not arch={self.arch!r}")
         if self.servers is not None and (not isinstance(self.servers, int) or self.servers < 1):
             raise ConfigError(f"servers={self.servers!r} must be an integer >= 1")
         for name in ("bandwidth", "server_bandwidth"):
@@ -193,10 +200,13 @@ class Cluster:
         """Groups of identical workers, rank 0's group first (rank 0 leads the scheduling).
 
         Identical workers do identical things at identical times, so each group is simulated
-        once and counts as many flows on shared links as it has members.
+        once and counts as many flows on shared links as it has members; with
+        :attr:`asynchronous` every worker is a group of its own.
         """
         specs = dict(self.worker_specs)
         default = WorkerSpec()
+        if self.asynchronous:  # workers drift apart: none does what another does at the same time
+            return [(specs.get(rank, default), [rank]) for rank in range(self.workers)]
         groups: dict[WorkerSpec, list[int]] = {}
         for rank in range(self.workers):
             groups.setdefault(specs.get(rank, default), []).append(rank)

@@ -220,7 +220,7 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     c = p.cluster
     where = f"{c.workers} workers, {c.arch}"
     if c.arch == "ps":
-        where += f" ({c.num_servers} servers, {c.assignment} placement)"
+        where += f" ({c.num_servers} servers, {c.assignment} placement{', asynchronous' if c.asynchronous else ''})"
     where += f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, latency {c.latency * 1e6:g}us"
     if c.worker_specs:
         where += ", " + "; ".join(f"rank {r}: compute x{s.compute:g}" +

@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--collective", choices=COLLECTIVES, default="nccl",
                    help="all-reduce algorithm: nccl (ring or tree per size, as NCCL chooses; default), ring "
                         "(Gloo, MPI) or tree")
+    p.add_argument("--asynchronous", action="store_true",
+                   help="ps: asynchronous SGD (MXNet's dist_async): each worker goes on after its own push and pull, "
+                        "a server applies each push alone")
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
     p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
@@ -78,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
             arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
             latency=args.latency, collective=args.collective, assignment=args.assignment,
+            asynchronous=args.asynchronous or None,
             fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes, worker_specs=args.worker or None)
     except (ConfigError, ProfileError, SimulationError, ValueError) as error:
         print(f"bytesched simulate: {error}", file=sys.stderr)

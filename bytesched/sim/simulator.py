@@ -40,6 +40,12 @@ VANILLA = "vanilla"
 
 DEFAULT_WARMUP = 2
 DEFAULT_ITERATIONS = 2
+ASYNC_WARMUP = 6
+ASYNC_ITERATIONS = 12
+"""At least this many iterations of an asynchronous job are simulated before measuring and
+measured: its workers, started apart, settle into a steady state of their own relative timing
+over several steps (the throughput-prediction paper drops its first 50 simulated steps of 1000;
+here each step is deterministic)."""
 
 
 class SimulationError(RuntimeError):
@@ -213,10 +219,11 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         assignment = Assignment(cluster.assignment, cluster.num_servers, cluster.bigarray_bound)
         if not vanilla and cluster.assignment == "mxnet":
             plans = plugin_layout(plans, cluster.num_servers, cluster.bigarray_bound, partition_bytes)
-        backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
-                                             overhead=cluster.overhead, latency=cluster.latency))
+        backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes), overhead=cluster.overhead,
+                                             latency=cluster.latency, asynchronous=cluster.asynchronous))
 
-    need = "ps" if cluster.arch == "ps" else "immediate"  # all-reduce runs as over Horovod
+    # all-reduce runs as over Horovod; an asynchronous store's workers each start on readiness
+    need = "ps" if cluster.arch == "ps" and not cluster.asynchronous else "immediate"
     follow_rank0 = not vanilla and order_mode(leader_policy, need=need, world_size=cluster.workers) == "rank0"
     workers: list[WorkerClass] = []
     for index, (spec, _ranks) in enumerate(classes):
@@ -239,18 +246,36 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         leader.compute_spans = []
         leader.finished_subtasks = []
 
+    if cluster.asynchronous:
+        warmup, iterations = max(warmup, ASYNC_WARMUP), max(iterations, ASYNC_ITERATIONS)
     total = warmup + iterations
-    leader.on_backward_start = lambda k: loop.stop() if k == total else None
-    for worker in workers:
-        worker.begin()
+    # Synchronous workers keep pace with rank 0: its iterations are the job's. Asynchronous ones
+    # each keep their own: the job's iteration is their steps' harmonic mean (its samples/s is the
+    # sum of theirs), once every one has done ``total``.
+    measured = workers if cluster.asynchronous else [leader]
+    behind = [len(measured)]
+
+    def reached(k: int) -> None:
+        if k == total:
+            behind[0] -= 1
+            if not behind[0]:
+                loop.stop()
+    for worker in measured:
+        worker.on_backward_start = reached
+    for index, worker in enumerate(workers):
+        if cluster.asynchronous:  # spread the workers' steps over one step's compute
+            loop.call_at(index / len(workers) * worker.compute_time, worker.begin)
+        else:
+            worker.begin()
     if not loop.run():
         raise SimulationError(_stall_report(policy, workers, loop.now))
 
     marks = leader.backward_starts
     started = leader.scheduler.stats.subtasks_started
+    steps = [(w.backward_starts[total] - w.backward_starts[warmup]) / iterations for w in measured]
     return RunResult(
         policy=policy,
-        iteration_time=(marks[total] - marks[warmup]) / iterations,
+        iteration_time=len(steps) / sum(1 / step for step in steps),
         iteration_starts=list(leader.iteration_starts),
         backward_starts=list(leader.backward_starts),
         partition_bytes=partition_bytes,

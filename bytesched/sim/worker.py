@@ -116,6 +116,8 @@ class WorkerClass:
         # All-reduce applies the update on the worker's device; a PS applies it on the server.
         self.update = [layer.update * compute_scale if update_on_device else 0.0 for layer in layers]
         self.total_update = sum(self.update)
+        self.compute_time = sum(self.forward) + sum(self.backward) + self.total_update
+        """One iteration's compute on this class's device."""
         self.tensors_of: list[list[TensorPlan]] = [[] for _ in layers]
         self._gates = [0] * len(layers)  # per layer, the tasks its next forward pass waits for
         for plan in plans:
