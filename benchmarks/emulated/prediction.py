@@ -60,6 +60,8 @@ def cluster_options(group: Group, topology: str, calibration: Calibration | None
         options["servers"] = group.ranks
     if group.framework.fuses:
         options["bucket_bytes"] = from_env().fusion_bytes
+    if group.framework.asynchronous:
+        options["asynchronous"] = True
     if calibration is not None:
         options.update(calibration.simulator_options(group.framework.arch, group.ranks, scheduled))
     return options
