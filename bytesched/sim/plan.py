@@ -164,6 +164,17 @@ def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_
     return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)
 
 
+def keeps_the_faster_path(plan: Plan, cluster: Cluster) -> bool:
+    """Whether a job with ``plan`` on ``cluster`` ends up on the faster of the plan's choice and the
+    framework's own path, as the runtime times them by default: a plan that stays out passes
+    through or times both paths (the path trial), and a parameter server's sized plan is tried
+    against passing through (the plan trial, :func:`bytesched.runtime.plan_trial.wants_trial`). The
+    simulated ``plan`` row then runs the faster of the two, the framework's path simulated as
+    :data:`~.simulator.VANILLA` (whose global barrier makes it the slower bound of passing
+    through)."""
+    return plan.policy == "fifo" or cluster.arch == "ps"
+
+
 def fused_profile(profile: ModelProfile, fusion_bytes: float) -> ModelProfile:
     """``profile`` with its layers merged as a plugin merges its tasks' buckets
     (:func:`bytesched.plugins.torch.fusion.merge_buckets`): the first layer alone, then runs of

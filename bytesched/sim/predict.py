@@ -18,7 +18,7 @@ from .cluster import Cluster, format_bandwidth
 from .options import format_value, make_cluster, make_params, parse_sweep, policy_names
 from . import bound
 from .bound import Breakdown, achievable_time, communication_time, compute_time
-from .plan import PLAN, candidate_sizes, make_plan, search_seconds
+from .plan import PLAN, STAY_OUT, candidate_sizes, keeps_the_faster_path, make_plan, search_seconds
 from .profile import ModelProfile, load_profile
 from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, run
 
@@ -182,8 +182,12 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
         started = time.perf_counter()
         if name == PLAN:
             chosen = make_plan(profile, cluster, decoupled=decoupled)
-            outcome = replace(run(profile, cluster, chosen.policy, chosen.params, iterations=iterations,
-                                  warmup=warmup, decoupled=chosen.decoupled), policy=PLAN)
+            outcome = run(profile, cluster, chosen.policy, chosen.params, iterations=iterations, warmup=warmup,
+                          decoupled=chosen.decoupled)
+            if keeps_the_faster_path(chosen, cluster):
+                outcome = min(outcome, run(profile, cluster, VANILLA, iterations=iterations, warmup=warmup),
+                              key=lambda r: r.iteration_time)
+            outcome = replace(outcome, policy=PLAN)
         else:
             candidates = grid if grid and _has_credit(name) else [params]
             outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
@@ -193,8 +197,10 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
                             achievable_time=achievable_time(profile, cluster))
     if breakdown:
         chosen = make_plan(profile, cluster, decoupled=decoupled)
-        prediction.breakdown = bound.breakdown(profile, cluster, search_seconds(profile, cluster, chosen.policy,
-                                                                                 chosen.params, chosen.decoupled))
+        seconds = search_seconds(profile, cluster, chosen.policy, chosen.params, chosen.decoupled)
+        if keeps_the_faster_path(chosen, cluster):
+            seconds = min(seconds, search_seconds(profile, cluster, VANILLA, STAY_OUT))
+        prediction.breakdown = bound.breakdown(profile, cluster, seconds)
     vanilla = runs[0][0].iteration_time
     prediction.results = [
         PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
