@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import mmap
 import os
 import shutil
 import subprocess
@@ -81,10 +82,30 @@ def compiler() -> str:
                      "(Debian: apt-get install g++)")
 
 
+MKLDNN_SYMBOL = b"_ZN5mxnet7NDArray20InvalidateMKLDNNDataEv"
+"""A symbol only a libmxnet.so built with MKLDNN (oneDNN) exports."""
+
+
+def mkldnn_defines(package: Path) -> list[str]:
+    """The flags that make MXNet's headers declare what its library was built with: a wheel built
+    with MKLDNN lays its NDArray chunks out with MKLDNN's fields, which the proxies' layout
+    handling reads (csrc/proxies.cc, "MKLDNN layouts"); without it, none."""
+    headers = package / "include" / "mkldnn"
+    with open(package / "libmxnet.so", "rb") as library:
+        with mmap.mmap(library.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            built_with = data.find(MKLDNN_SYMBOL) != -1
+    if not built_with:
+        return []
+    if not (headers / "mkldnn.hpp").exists():
+        raise BuildError(f"{package / 'libmxnet.so'} was built with MKLDNN but {headers} lacks mkldnn.hpp: "
+                         "reinstall mxnet==1.9.1")
+    return ["-DMXNET_USE_MKLDNN=1", f"-I{headers}"]
+
+
 def command(cxx: str, package: Path, source: Path, output: Path) -> list[str]:
     """The compile-and-link command line."""
     return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
-            f"-I{package / 'include'}", *DEFINES, "-o", str(output), str(source),
+            f"-I{package / 'include'}", *DEFINES, *mkldnn_defines(package), "-o", str(output), str(source),
             f"-L{package}", "-l:libmxnet.so", f"-Wl,-rpath,{package}"]
 
 

@@ -3,9 +3,10 @@
 // MXNet's engine decides when a gradient has been computed and when an operation that reads it
 // may run. Python cannot hold an engine operation open, so the operations that stand between the
 // engine and the bytesched Core live here. Everything is posted through MXNet's C API
-// (MXEnginePushAsyncND / MXEnginePushSyncND, dlpack for avatars); the only C++ type used is the
-// engine's completion callback (CallbackOnComplete, inline in <mxnet/engine.h> of the same wheel),
-// so no C++ symbol of libmxnet.so is needed.
+// (MXEnginePushAsyncND / MXEnginePushSyncND, dlpack for avatars), with the engine's completion
+// callback (CallbackOnComplete, inline in <mxnet/engine.h> of the same wheel). Where the wheel is
+// built with MKLDNN, the NDArray class of its <mxnet/ndarray.h> brings arrays back to the default
+// layout ("MKLDNN layouts" below), the one use of libmxnet.so's C++ symbols.
 //
 // Per communicated tensor (a CommTask of n partitions) the plugin posts, in program order:
 //   bs_post_entry:
@@ -29,6 +30,17 @@
 //
 // bs_post_fence posts one such fence alone (a store passing through, without proxies or events).
 //
+// MKLDNN (oneDNN) layouts. Where the wheel is built with MKLDNN, an inference forward pass
+// (Gluon outside autograd.record, e.g. an evaluation between epochs) rewrites a convolution's
+// weight array in place into a blocked layout and marks it so. Communication that writes that
+// memory through a view fails MXNet's `!is_view` check, and through an avatar (its own chunk,
+// no layout mark) it writes the default layout into memory the weight's chunk still reads as
+// blocked: the next forward computes with scrambled weights. So every operation of ours that
+// writes the framework arrays before communication touches them (the entry fence, a
+// one-partition task's ready proxy, a store's pass-through entry fence) first brings each one
+// that holds a blocked layout back to the default layout, in place (to_default_layout). It runs
+// on the engine thread with the arrays held for writing, after the reorder the forward posted.
+//
 // bs_post_copies posts the copies a fusion bucket makes between its gradients and its flat
 // buffer as one engine operation. MXNet's own concat and identity would do, but each draws one
 // of the engine's few shared temp-space variables, and a copy posted before its gradients exist
@@ -42,6 +54,9 @@
 
 #include <mxnet/c_api.h>
 #include <mxnet/engine.h>
+#if MXNET_USE_MKLDNN == 1
+#include <mxnet/ndarray.h>
+#endif
 
 #include <chrono>
 #include <condition_variable>
@@ -68,6 +83,40 @@ struct Event {
   uint64_t task;
 };
 
+// The framework arrays an operation of ours brings back to the default layout before
+// communication touches their memory (see "MKLDNN layouts" above): copies of the NDArray
+// objects (they share the arrays' chunks), so the arrays stay valid while the operation waits.
+#if MXNET_USE_MKLDNN == 1
+using Layouts = std::vector<mxnet::NDArray>;
+
+Layouts* layouts_of(NDArrayHandle* arrays, int n) {
+  Layouts* held = new Layouts();
+  held->reserve(n);
+  for (int i = 0; i < n; ++i) held->push_back(*static_cast<mxnet::NDArray*>(arrays[i]));
+  return held;
+}
+
+// Engine thread, with the arrays held for writing: reorder each array in a blocked layout into
+// the default layout, in place (its chunk then reads its memory in the default layout).
+void to_default_layout(Layouts* arrays) {
+  if (arrays == nullptr) return;
+  for (mxnet::NDArray& array : *arrays) {
+    if (array.storage_type() != mxnet::kDefaultStorage || array.IsView() || !array.IsMKLDNNData()) continue;
+    const mxnet::NDArray plain = array.Reorder2Default();  // a new array, default layout
+    array.InvalidateMKLDNNData();
+    std::memcpy(array.data().dptr_, plain.data().dptr_,
+                array.shape().Size() * mshadow::mshadow_sizeof(array.dtype()));
+  }
+}
+
+void delete_layouts(Layouts* arrays) { delete arrays; }
+#else
+struct Layouts {};
+Layouts* layouts_of(NDArrayHandle* /*arrays*/, int /*n*/) { return nullptr; }
+void to_default_layout(Layouts* /*arrays*/) {}
+void delete_layouts(Layouts* /*arrays*/) {}
+#endif
+
 // A posted ready proxy: its partition, and the engine's completion callback once it has run.
 struct Proxy {
   uint64_t task;
@@ -75,6 +124,8 @@ struct Proxy {
   bool released_on_ready = false;  // completes as soon as it has run; never in Hub::open
   bool ran = false;
   CallbackOnComplete done;
+  Layouts* layouts = nullptr;  // a one-partition task's framework arrays (see "MKLDNN layouts")
+  ~Proxy() { delete_layouts(layouts); }
 };
 
 struct Hub {
@@ -125,6 +176,7 @@ void push_event(Hub& h, Event ev) {
 void run_ready(void* /*rctx*/, void* on_complete, void* param) {
   Proxy* proxy = static_cast<Proxy*>(param);
   const CallbackOnComplete done = *static_cast<CallbackOnComplete*>(on_complete);
+  to_default_layout(proxy->layouts);
   Hub& h = hub();
   {
     std::lock_guard<std::mutex> lock(h.mu);
@@ -175,14 +227,22 @@ void run_copies(void* /*rctx*/, void* param) {
 
 void delete_copies(void* param) { delete static_cast<Copies*>(param); }
 
-// Post a pure ordering fence: it waits for earlier users of `reads` (as a reader) and of
-// `writes` (as a writer), and later operations on them wait for it. Does no work.
-int post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes, int priority,
-               const char* name) {
-  if (MXEnginePushSyncND(run_nothing, nullptr, nullptr, &cpu(), reads, n_reads, writes, n_writes,
-                         &kNormal, priority, name) != 0) {
-    return fail_mx("posting a bytesched fence to the MXNet engine");
-  }
+void run_to_default_layout(void* /*rctx*/, void* param) { to_default_layout(static_cast<Layouts*>(param)); }
+
+void delete_fence_layouts(void* param) { delete_layouts(static_cast<Layouts*>(param)); }
+
+// Post an ordering fence: it waits for earlier users of `reads` (as a reader) and of `writes` (as
+// a writer), and later operations on them wait for it. Its only work: the first `n_framework`
+// writes, framework arrays, are brought back to the default layout (see "MKLDNN layouts").
+int post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes, int n_framework,
+               int priority, const char* name) {
+  Layouts* layouts = n_framework > 0 ? layouts_of(writes, n_framework) : nullptr;
+  int status = layouts == nullptr
+      ? MXEnginePushSyncND(run_nothing, nullptr, nullptr, &cpu(), reads, n_reads, writes, n_writes,
+                           &kNormal, priority, name)
+      : MXEnginePushSyncND(run_to_default_layout, layouts, delete_fence_layouts, &cpu(), reads, n_reads,
+                           writes, n_writes, &kNormal, priority, name);
+  if (status != 0) return fail_mx("posting a bytesched fence to the MXNet engine");
   return 0;
 }
 
@@ -202,8 +262,11 @@ int post_finish(uint64_t task, int n, NDArrayHandle* writes, int per_part, int p
 
 // Post the n ready proxies of `task`. Proxy i reads `reads` and mutates the `per_part` avatars
 // writes[i*per_part .. (i+1)*per_part). One READY event is posted when all n have run.
+// A one-partition task's proxy also brings `tensors` (its framework arrays, among `writes`) back
+// to the default layout before anything else (n_tensors 0: none).
 int post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads, NDArrayHandle* writes,
-               int per_part, int priority, bool released_on_ready) {
+               int per_part, int priority, bool released_on_ready, NDArrayHandle* tensors = nullptr,
+               int n_tensors = 0) {
   Hub& h = hub();
   std::vector<Proxy*> proxies;
   {
@@ -215,6 +278,7 @@ int post_ready(uint64_t task, int n, NDArrayHandle* reads, int n_reads, NDArrayH
       proxy->task = task;
       proxy->index = i;
       proxy->released_on_ready = released_on_ready;
+      if (n_tensors > 0) proxy->layouts = layouts_of(tensors, n_tensors);
       if (!released_on_ready) h.open[slot(task, i)] = proxy;
       proxies.push_back(proxy);
     }
@@ -247,7 +311,7 @@ extern "C" {
 const char* bs_last_error() { return last_error.c_str(); }
 
 // Version of this library's C interface; the Python loader refuses a stale build.
-int bs_abi_version() { return 8; }
+int bs_abi_version() { return 9; }
 
 // Post one engine operation that copies n pieces of memory, srcs[i] to dsts[i], bytes[i] each.
 // It orders as a reader of `reads` and a writer of `writes`, the arrays that own that memory,
@@ -268,14 +332,14 @@ int bs_post_copies(void** srcs, void** dsts, const uint64_t* bytes, int n, NDArr
   return 0;
 }
 
-// Post one operation that does nothing but order: it runs after every earlier user of `reads`
-// and `writes` (as a reader, a writer), and everything posted later on them waits for it. A store
-// that passes a partitioned tensor straight to the backend brackets the partitions' operations on
-// avatars with two of these, so they run concurrently but after the tensor's producer and before
-// its next user.
-int bs_post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes, int priority,
-                  const char* name) {
-  return post_fence(reads, n_reads, writes, n_writes, priority, name);
+// Post one operation that orders: it runs after every earlier user of `reads` and `writes` (as a
+// reader, a writer), and everything posted later on them waits for it; the first `n_framework`
+// writes are framework arrays it brings back to the default layout. A store that passes a
+// partitioned tensor straight to the backend brackets the partitions' operations on avatars with
+// two of these, so they run concurrently but after the tensor's producer and before its next user.
+int bs_post_fence(NDArrayHandle* reads, int n_reads, NDArrayHandle* writes, int n_writes, int n_framework,
+                  int priority, const char* name) {
+  return post_fence(reads, n_reads, writes, n_writes, n_framework, priority, name);
 }
 
 // Post the head of a task's chain: the entry fence on the n_tensors framework arrays, then the
@@ -286,9 +350,9 @@ int bs_post_entry(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
   if (n == 1) {  // the one ready proxy is the entry fence too: a writer of the tensors
     std::vector<NDArrayHandle> writes = with_tensors(avatars, per_part, tensors, n_tensors);
     return post_ready(task, 1, nullptr, 0, writes.data(), static_cast<int>(writes.size()), priority,
-                      released_on_ready != 0);
+                      released_on_ready != 0, tensors, n_tensors);
   }
-  if (post_fence(nullptr, 0, tensors, n_tensors, priority, "bytesched_entry_fence") != 0) return -1;
+  if (post_fence(nullptr, 0, tensors, n_tensors, n_tensors, priority, "bytesched_entry_fence") != 0) return -1;
   return post_ready(task, n, tensors, n_tensors, avatars, per_part, priority, released_on_ready != 0);
 }
 
@@ -301,7 +365,7 @@ int bs_post_exit(uint64_t task, int n, NDArrayHandle* tensors, int n_tensors,
     return post_finish(task, 1, writes.data(), static_cast<int>(writes.size()), priority);
   }
   if (post_finish(task, n, avatars, per_part, priority) != 0) return -1;
-  return post_fence(avatars, n * per_part, tensors, n_tensors, priority, "bytesched_exit_fence");
+  return post_fence(avatars, n * per_part, tensors, n_tensors, 0, priority, "bytesched_exit_fence");
 }
 
 // A KVStore's own operation: the push of `vals` to `vkeys` and the pull of `okeys` into `outs`,
@@ -428,6 +492,15 @@ void bs_close() {
 // engine tracks the communicated buffer separately from the tensor the framework computes with.
 // `src` must be allocated (the memory is taken now); the avatar keeps `src`'s storage alive.
 int bs_make_avatar(NDArrayHandle src, NDArrayHandle* out) {
+#if MXNET_USE_MKLDNN == 1
+  // An array already in a blocked layout has no default-layout memory to share yet: reorder it
+  // first, as MXNet's own MXNDArrayGetData does (rare: avatars are made once per key and layout).
+  mxnet::NDArray* array = static_cast<mxnet::NDArray*>(src);
+  if (array->storage_type() == mxnet::kDefaultStorage && array->IsMKLDNNData()) {
+    array->Reorder2DefaultAsync();
+    array->WaitToRead();
+  }
+#endif
   DLManagedTensorHandle dl = nullptr;
   if (MXNDArrayToDLPack(src, &dl) != 0) return fail_mx("bs_make_avatar: MXNDArrayToDLPack");
   if (MXNDArrayFromDLPackEx(dl, false, out) != 0) {

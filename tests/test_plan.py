@@ -6,6 +6,7 @@ test_torch_plan.py and test_mxnet_horovod.py."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -17,8 +18,10 @@ import pytest
 from bytesched.core import Config, ConfigError, SchedulingParams, from_env
 from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED
 import bytesched.runtime.plan as plan_module
+import bytesched.runtime.start_observer as observer_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
+from bytesched.runtime.start_observer import CALIBRATION_ATTEMPTS
 from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
                                     stay_out_fusion, wants_plan)
 from bytesched.sim import make_cluster, run
@@ -98,17 +101,57 @@ def test_large_operation_is_the_model_within_bounds() -> None:
     assert large_bytes_for(10**9) == 16_000_000
 
 
-def test_measure_network_times_each_size_after_an_untimed_call() -> None:
+class FakeClock:
+    """The calibration's clock in these tests: the timed operations advance it by what they cost,
+    so no test times the machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = FakeClock()
+
+
+@pytest.fixture(autouse=True)
+def calibration_on_the_fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observer_module, "measure_network", functools.partial(measure_network, clock=CLOCK))
+
+
+def _costing(seconds: list[float]) -> Callable[[], None]:
+    """An operation whose calls cost ``seconds`` in turn, on the fake clock."""
+    costs = iter(seconds)
+
+    def call() -> None:
+        CLOCK.now += next(costs)
+    return call
+
+
+def test_measure_network_interleaves_the_sizes_and_keeps_each_ones_fastest() -> None:
+    """One untimed call of each size, then three rounds of five small and one large; a burst of
+    load that slows some samples of both (here the first round) leaves the figures alone."""
     calls: list[int] = []
-    timed = _timed(0.0, 0.002)
+    small = _costing([0.050] + [0.0088] * 5 + [0.0012, 0.0011, 0.0013, 0.0010, 0.0014] * 2)
+    large = _costing([0.200, 0.0046, 0.0402, 0.0400])
 
     def operation(nbytes: int) -> Callable[[], None]:
-        run = timed(nbytes)
+        run = small if nbytes == 4 else large
         return lambda: (calls.append(nbytes), run())
 
-    cost = measure_network(operation, large_bytes=1_000_000)
-    assert calls.count(4) == 11 and calls.count(1_000_000) == 4
-    assert cost.fixed_seconds < cost.large_seconds
+    cost = measure_network(operation, large_bytes=1_000_000, clock=CLOCK)
+    rounds = ([4] * 5 + [1_000_000]) * 3
+    assert calls == [4, 1_000_000, *rounds]
+    assert (cost.fixed_seconds, cost.large_seconds) == (pytest.approx(0.0010), pytest.approx(0.0046))
+
+
+def _timed_attempts(attempts: list[tuple[float, float]]) -> Callable[[int], Callable[[], None]]:
+    """A backend whose operations cost ``(small, large)`` seconds, one pair per calibration attempt
+    (16 small and 4 large calls each), on the fake clock."""
+    small = _costing([cost for fixed, _ in attempts for cost in [fixed] * 16])
+    large = _costing([cost for _, big in attempts for cost in [big] * 4])
+    return lambda nbytes: small if nbytes == 4 else large
 
 
 def _spin(seconds: float) -> None:
@@ -150,7 +193,11 @@ class BroadcastingRanks:
 
 
 def _timed(fixed: float, large: float) -> Callable[[int], Callable[[], None]]:
-    return lambda nbytes: (lambda: _spin(fixed if nbytes == 4 else large))
+    """A backend whose 4-byte operation costs ``fixed`` seconds and any other ``large``, on the
+    fake clock."""
+    def cost(seconds: float) -> None:
+        CLOCK.now += seconds
+    return lambda nbytes: (lambda: cost(fixed if nbytes == 4 else large))
 
 
 def _observed_step(core: RecordingCore) -> None:
@@ -172,7 +219,7 @@ def test_rank0_plans_from_the_observed_step_and_broadcasts_its_choice() -> None:
     assert params == plan.outcome.params and plan.outcome.step == 2  # type: ignore[union-attr]
     encoded = [0 if s == UNLIMITED else s for s in (params.partition_bytes, params.credit_bytes)]  # type: ignore[union-attr]
     # 0: the plugin keeps its fusion (it offered none); then whether to pass through
-    assert ranks.sent == [*encoded, 0, int(plan.outcome.passes_through)]  # type: ignore[union-attr]
+    assert ranks.sent == [1, *encoded, 0, int(plan.outcome.passes_through)]  # type: ignore[union-attr]
     assert "measured 8 gradients (32.0 MB" in plan.outcome.summary  # type: ignore[union-attr]
     assert plan.outcome.fusion_bytes is None  # type: ignore[union-attr]
     assert plan.on_step(3) is None
@@ -200,7 +247,7 @@ def test_staying_out_fuses_the_plugins_gradients_into_larger_tasks() -> None:
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
-    assert ranks.sent == [0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
+    assert ranks.sent == [1, 0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
     assert outcome.summary.endswith("; gradients fused into tasks filled to 25MB")
 
 
@@ -222,7 +269,7 @@ def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch:
     ranks = BroadcastingRanks(0)
     plan = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True)
     assert plan.outcome is not None and plan.outcome.params == STAY_OUT and plan.outcome.fusion_bytes is None
-    assert ranks.sent[2] == 0 and plan.stay_out_fusion is None
+    assert ranks.sent[3] == 0 and plan.stay_out_fusion is None
     assert plan.outcome.summary.endswith("; the observed tasks kept (fused into tasks filled to 25MB: predicted 1.07x their time)")
 
 
@@ -271,7 +318,7 @@ def test_a_plugin_that_cannot_or_need_not_fuse_further_keeps_its_tasks(fusion_by
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=fusion_bytes, model_bytes=model_bytes).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes is None
-    assert ranks.sent[2] == 0
+    assert ranks.sent[3] == 0
 
 
 def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,25 +332,25 @@ def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -
     outcome = plan.outcome
     assert outcome is not None and outcome.params == sized and outcome.fusion_bytes is None
     # The bound that goes with staying out still travels, for a trial's steps staying out.
-    assert not outcome.passes_through and ranks.sent == [1_000_000, 2_000_000, STAY_OUT_FUSION_BYTES, 0]
+    assert not outcome.passes_through and ranks.sent == [1, 1_000_000, 2_000_000, STAY_OUT_FUSION_BYTES, 0]
     assert plan.stay_out_fusion == STAY_OUT_FUSION_BYTES
 
 
 def test_a_follower_fuses_as_rank0_said() -> None:
-    outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
+    outcome = _planned(1, BroadcastingRanks(1, answers=[1, 0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.fusion_bytes == 25_000_000 and outcome.passes_through and outcome.measured
     assert outcome.summary == ("rank 0's plan: no partitioning, no credit limit, gradients fused into tasks filled to "
                                "25MB, passing through")
 
 
 def test_a_follower_hears_that_rank0_measured_nothing() -> None:
-    outcome = _planned(1, BroadcastingRanks(1, answers=[0, 0, 0, PASSES_THROUGH_UNMEASURED]), fusion_bytes=None).outcome
+    outcome = _planned(1, BroadcastingRanks(1, answers=[1, 0, 0, 0, PASSES_THROUGH_UNMEASURED]), fusion_bytes=None).outcome
     assert outcome is not None and outcome.passes_through and not outcome.measured
 
 
 def test_a_follower_applies_what_rank0_broadcast() -> None:
     core = RecordingCore()
-    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1_000_000, 0, 0, 0]), _timed(0.0001, 0.001),
+    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1, 1_000_000, 0, 0, 0]), _timed(0.0001, 0.001),
                        arch="allreduce", model_bytes=1_000_000, drain=lambda: None)
     plan.on_step(0)
     plan.on_step(1)
@@ -319,6 +366,42 @@ def test_rank0_with_nothing_observed_stays_out_and_says_why(caplog: pytest.LogCa
     plan.on_step(1)
     assert plan.on_step(2) == STAY_OUT
     assert "no gradient was communicated in the observed step" in caplog.text
+
+
+def test_figures_rank0_finds_inconsistent_are_timed_again_on_every_rank() -> None:
+    """A loaded machine timed the 4-byte all-reduce at 8.8 ms and 16 MB at 4.6 ms: rank 0 says so
+    (0), every rank times both again, and the plan is made from the second attempt's figures."""
+    attempts = [(0.0088, 0.0046), (0.0002, 0.004)]
+    core, ranks = RecordingCore(), BroadcastingRanks(0)
+    plan = StartupPlan(core, ranks, _timed_attempts(attempts), arch="allreduce", model_bytes=32_000_000,
+                       drain=lambda: None)
+    plan.on_step(0)
+    plan.on_step(1)
+    _observed_step(core)
+    plan.on_step(2)
+    assert ranks.sent[:2] == [0, 1]
+    assert "the all-reduce (4 B in 0.20 ms, 16 MB in 4.0 ms)" in plan.outcome.summary  # type: ignore[union-attr]
+
+
+def test_a_follower_times_again_when_rank0_says_so_whatever_its_own_figures() -> None:
+    ranks = BroadcastingRanks(1, answers=[0, 1, 1_000_000, 0, 0, 0])
+    plan = StartupPlan(RecordingCore(), ranks, _timed_attempts([(0.0002, 0.004), (0.0002, 0.004)]),
+                       arch="allreduce", model_bytes=1_000_000, drain=lambda: None)
+    plan.on_step(0)
+    plan.on_step(1)
+    assert plan.on_step(2).partition_bytes == 1_000_000  # type: ignore[union-attr]
+    assert ranks.sent[:2] == [1, 1]
+
+
+def test_figures_inconsistent_in_every_attempt_leave_the_plan_out_of_the_way(caplog: pytest.LogCaptureFixture) -> None:
+    ranks = BroadcastingRanks(0)
+    plan = StartupPlan(RecordingCore(), ranks, _timed_attempts([(0.0088, 0.0046)] * CALIBRATION_ATTEMPTS),
+                       arch="allreduce", model_bytes=32_000_000, drain=lambda: None)
+    plan.on_step(0)
+    plan.on_step(1)
+    assert plan.on_step(2) == STAY_OUT and not plan.outcome.measured  # type: ignore[union-attr]
+    assert ranks.sent[:CALIBRATION_ATTEMPTS] == [0] * CALIBRATION_ATTEMPTS
+    assert f"expected 0 < small < large) in {CALIBRATION_ATTEMPTS} attempts" in caplog.text
 
 
 def test_a_plan_first_told_of_a_later_step_is_a_usage_error() -> None:
@@ -397,7 +480,7 @@ def test_a_rank0_that_cannot_plan_passes_through(caplog: pytest.LogCaptureFixtur
                        drain=lambda: None)
     for step in range(3):
         plan.on_step(step)
-    assert ranks.sent == [0, 0, 0, PASSES_THROUGH_UNMEASURED]
+    assert ranks.sent == [1, 0, 0, 0, PASSES_THROUGH_UNMEASURED]
     assert plan.outcome is not None and plan.outcome.passes_through and not plan.outcome.measured
     assert plan.outcome.summary.endswith("; passing through")
 

@@ -20,7 +20,7 @@ from bytesched.runtime.channel_ranks import ChannelRanks
 from bytesched.runtime.plan import StartupPlan
 from coretools import BufferTask
 from test_channel import connected, make_config, wait_until
-from test_plan import BroadcastingRanks, RecordingCore, _observed_step, _timed
+from test_plan import BroadcastingRanks, RecordingCore, _observed_step, _timed, calibration_on_the_fake_clock  # noqa: F401 (an autouse fixture: the calibration runs on the fake clock)
 
 
 def ranks_of(channels: list[Any], timeout: float = 5.0) -> list[ChannelRanks]:

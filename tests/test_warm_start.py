@@ -15,7 +15,7 @@ from bytesched.runtime.sizes import SizeSwitches
 from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
 from bytesched.tuning import make_session
 from bytesched.tuning.space import space_for
-from test_plan import BroadcastingRanks, RecordingCore, _observed_step, _timed
+from test_plan import BroadcastingRanks, RecordingCore, _observed_step, _timed, calibration_on_the_fake_clock  # noqa: F401 (an autouse fixture: the calibration runs on the fake clock)
 
 TUNING = dataclasses.replace(Config(), tuning=True)
 
@@ -36,7 +36,7 @@ def _wait_for(poll: Callable[[], Any], timeout: float = 60.0) -> Any:
     return answer
 
 
-def test_it_measures_like_the_plan_but_switches_nothing_and_broadcasts_nothing(caplog: pytest.LogCaptureFixture) -> None:
+def test_it_measures_like_the_plan_but_switches_nothing_and_broadcasts_only_the_calibrations_verdict(caplog: pytest.LogCaptureFixture) -> None:
     """Steps 0 and 1 keep the tuner's sizes; at step 2 rank 0 has the observed step on the timed
     network, logs it, and predicts the best points of the tuner's own lattice from it."""
     warm, core, ranks = _warm(0)
@@ -47,7 +47,7 @@ def test_it_measures_like_the_plan_but_switches_nothing_and_broadcasts_nothing(c
         assert warm.on_step(1) is None and core.observer is not None
         _observed_step(core)
         assert warm.on_step(2) is None
-    assert warm.done and warm.outcome is None and core.switches[-1] is None and ranks.sent == []
+    assert warm.done and warm.outcome is None and core.switches[-1] is None and ranks.sent == [1]
     assert "bytesched tuning: warm start measured 8 gradients (32.0 MB" in caplog.text
     points = _wait_for(poll)
     assert len(points) == 3 and len(set(points)) == 3 and all(point in set(space.points()) for point in points)
@@ -62,7 +62,7 @@ def test_a_follower_times_the_backend_with_rank0_and_predicts_nothing() -> None:
     warm, _, ranks = _warm(1, operation)
     for step in range(3):
         assert warm.on_step(step) is None
-    assert warm.done and sizes and 4 in sizes and ranks.sent == []
+    assert warm.done and sizes and 4 in sizes and ranks.sent == [1]
 
 
 def test_a_failed_timing_costs_the_warm_start_not_the_job(caplog: pytest.LogCaptureFixture) -> None:

@@ -5,7 +5,14 @@ it delivers. Nominal figures (a NIC's rate, the paper's 0.3 ms) can be off by an
 magnitude once the library's negotiation, its round trips and Python are paid, so the start-up
 plan times the backend's own per-tensor operation (an all-reduce) on 4 bytes, whose time is all
 fixed cost, and on a large buffer, from which the delivered bandwidth follows. Every rank runs
-the same sequence of operations (they are collectives); rank 0's medians are what it plans with.
+the same sequence of operations (they are collectives); rank 0's figures are what it plans with.
+
+Noise on a shared machine (other processes, the training job's own threads) only ever adds time,
+and comes in bursts. So the two sizes are timed in interleaved rounds, a burst then inflates some
+samples of both rather than all of one, and each figure is the fastest of its samples, the
+operation's cost without interference. Where rank 0 still finds the figures inconsistent (the
+small operation no faster than the large), every rank times them again
+(:meth:`~bytesched.runtime.start_observer.StartObserver` decides that together).
 """
 
 from __future__ import annotations
@@ -17,15 +24,20 @@ from typing import Callable
 
 FIXED_BYTES = 4
 """The small operation's size: one float32, so its time is all fixed cost."""
-FIXED_REPEATS = 10
-"""Small operations timed after one untimed: their median settles within a few percent."""
-LARGE_REPEATS = 3
-"""Large operations timed after one untimed: each may take a sizeable part of a second."""
+ROUNDS = 3
+"""Rounds of timing after one untimed call of each size (which pays connection set-up and
+first-use costs)."""
+FIXED_PER_ROUND = 5
+"""Small operations per round, then one large: the small ones are cheap and the noisier."""
 LARGE_BYTES_RANGE = (4_000_000, 16_000_000)
 """The large operation moves the model's gradient bytes, within these bounds: large enough that
 bandwidth dominates its time, small enough that calibrating costs under a second at 1 Gbit/s.
 (A 1 MB all-reduce over Horovod on loopback once took 1.01 ms against 1.08 ms for 4 bytes, both
 Horovod's cycle: the measurement was refused and the plan stayed out without one.)"""
+
+
+class InconsistentCalibration(ValueError):
+    """The small operation was timed no faster than the large one: no network follows from them."""
 
 
 def median_seconds(operation: Callable[[], None], repeats: int) -> float:
@@ -59,7 +71,7 @@ class NetworkCost:
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):
-            raise ValueError(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
+            raise InconsistentCalibration(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
                              f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
 
     def simulator_options(self, arch: str, workers: int, servers: int | None = None,
@@ -92,9 +104,24 @@ class NetworkCost:
                 f"{self.large_seconds * 1e3:.1f} ms")
 
 
-def measure_network(operation: Callable[[int], Callable[[], None]], large_bytes: int) -> NetworkCost:
-    """Time ``operation(FIXED_BYTES)`` and ``operation(large_bytes)``; ``operation(n)`` returns a
-    blocking call that communicates ``n`` bytes (every rank must run this together)."""
-    fixed = median_seconds(operation(FIXED_BYTES), FIXED_REPEATS)
-    large = median_seconds(operation(large_bytes), LARGE_REPEATS)
-    return NetworkCost(fixed, large, large_bytes)
+def measure_network(operation: Callable[[int], Callable[[], None]], large_bytes: int,
+                    clock: Callable[[], float] = time.perf_counter) -> NetworkCost:
+    """Time ``operation(FIXED_BYTES)`` and ``operation(large_bytes)`` in :data:`ROUNDS` interleaved
+    rounds and keep each one's fastest (module doc); ``operation(n)`` returns a blocking call that
+    communicates ``n`` bytes (every rank must run this together). Raises
+    :class:`InconsistentCalibration` after the last operation if the figures contradict each other."""
+    small, large = operation(FIXED_BYTES), operation(large_bytes)
+    small()
+    large()
+    fixed, big = [], []
+    for _ in range(ROUNDS):
+        for _ in range(FIXED_PER_ROUND):
+            fixed.append(_seconds(small, clock))
+        big.append(_seconds(large, clock))
+    return NetworkCost(min(fixed), min(big), large_bytes)
+
+
+def _seconds(call: Callable[[], None], clock: Callable[[], float]) -> float:
+    started = clock()
+    call()
+    return clock() - started

@@ -27,7 +27,7 @@ from typing import Any, Callable, TypeVar
 from bytesched.core import Core, SchedulingParams
 from bytesched.sim.profile import ModelProfile
 
-from .calibration import NetworkCost, large_bytes_for, measure_network
+from .calibration import InconsistentCalibration, NetworkCost, large_bytes_for, measure_network
 from .lifecycle import Ranks
 from .observed import StepRecorder, measured_profile
 
@@ -35,6 +35,8 @@ log = logging.getLogger("bytesched")
 
 OBSERVED_STEP = 1
 """The step whose gradients are observed: the first one after start-up's one-off costs."""
+CALIBRATION_ATTEMPTS = 3
+"""How often the backend is timed before the plan gives up on figures rank 0 finds inconsistent."""
 IDLE_TIMEOUT_S = 10.0
 """How long the observer waits, after its drain, for the Core to have handled every finish of the
 observed step before it stops observing (past that it works from what it saw)."""
@@ -126,11 +128,25 @@ class StartObserver:
         raise NotImplementedError
 
     def _time_backend(self) -> tuple[NetworkCost | None, str]:
-        """Every rank: the backend's fixed cost and bandwidth, or None and why it failed."""
-        try:
-            return measure_network(self._operation, self._large_bytes), ""
-        except Exception as exc:  # a backend error: every rank failed the same collective
-            return None, f"timing the backend's {self.operation_name} failed: {exc}"
+        """Every rank: the backend's fixed cost and bandwidth (rank 0's are the ones planned with;
+        None on a follower whose own were inconsistent), or None and why none could be had.
+
+        Figures that contradict each other on rank 0 are measured again, up to
+        :data:`CALIBRATION_ATTEMPTS` times: every rank follows rank 0's word, broadcast after each
+        attempt, so all run the same collectives."""
+        inconsistent = ""
+        for _ in range(CALIBRATION_ATTEMPTS):
+            network: NetworkCost | None = None
+            try:
+                network = measure_network(self._operation, self._large_bytes)
+            except InconsistentCalibration as exc:  # every operation ran: the ranks are still in step
+                inconsistent = str(exc)
+            except Exception as exc:  # a backend error: every rank failed the same collective
+                return None, f"timing the backend's {self.operation_name} failed: {exc}"
+            consistent = self._ranks.broadcast_int(int(network is not None or self._ranks.rank != 0))
+            if consistent:
+                return network, ""
+        return None, f"{inconsistent} in {CALIBRATION_ATTEMPTS} attempts"
 
     def _observed_job(self, network: NetworkCost, start: float, end: float) -> ObservedJob:
         """Rank 0: the observed step and the network as the simulator's profile and cluster

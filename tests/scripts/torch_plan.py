@@ -64,6 +64,7 @@ from bytesched.core.config import format_size
 from bytesched.plugins.torch import ScheduledOptimizer
 from bytesched.plugins.torch.pipeline import UpdatePipeline
 from bytesched.sim.plan import STAY_OUT, Plan, make_plan
+from plan_cases import timed_but_fixed
 from torch_harness import OPTIMIZERS, Reporter, new_model, snapshot, train
 from torch_suites import DistributedFlavor, Flavor, HorovodFlavor, run_baseline
 
@@ -136,7 +137,8 @@ def run_case(flavor: Flavor, backend: str, report: Reporter, case: str, expected
     plan_module.make_plan = forced_plan if case in forced else staying_out_plan if case in staying_out else make_plan  # type: ignore[assignment]
     margin = {**TRIAL_MARGINS, **SIZED_TRIAL_MARGINS}.get(case)
     path_trial_module.CORE_MARGIN = CORE_MARGIN if margin is None else margin
-    observer_module.measure_network = failing_network if case in ("failed", "reuse", "late") else measure_network  # type: ignore[assignment]
+    observer_module.measure_network = (failing_network if case in ("failed", "reuse", "late")  # type: ignore[assignment]
+                                       else timed_but_fixed(measure_network) if case in forced else measure_network)
     optimizer_module._stay_out_bound = gpu_stay_out_bound if case == "fused" else stay_out_bound  # type: ignore[assignment]
     optimizer_module._pass_through_margin = (  # type: ignore[assignment]
         gpu_pass_through_margin if case == "fused" else pass_through_margin)

@@ -362,6 +362,7 @@ class ScheduledKVStore(KVStoreBase):
                 raise ValueError(f"init of key {user_key!r}: give one array per key, got {len(arrays)}")
             array = arrays[0]
             self._check_dense(user_key, array)
+            self.library.to_default_layout([array])
             layout = self._table.add(user_key, array.shape, array.dtype, self._partition_bytes)
             flat = array.reshape(-1)
             self._last_value[user_key] = array
@@ -376,6 +377,7 @@ class ScheduledKVStore(KVStoreBase):
         for user_key, arrays in self._pairs(key, out):
             layout = self._table[user_key]
             self._last_value[user_key] = arrays[0]
+            self.library.to_default_layout(arrays)
             flats = [a.reshape(-1) for a in arrays]
             keys += layout.server_keys
             outs += [[f[a:b] for f in flats] for a, b in layout.ranges]
@@ -504,6 +506,7 @@ class ScheduledKVStore(KVStoreBase):
                                "values (re-partition after a pull, or use pushpull)")
         self._previous_parts = self._parts(layouts)
         pairs = self._table.repartition(size)
+        self.library.to_default_layout([self._last_value[new.user_key] for _, new in pairs])
         new_keys, values = [], []
         for _, new in pairs:
             flat = self._last_value[new.user_key].reshape(-1)
@@ -568,7 +571,7 @@ class ScheduledKVStore(KVStoreBase):
         if not self._passthrough:
             return Avatars(self.library, arrays, layout.ranges)
         if len(layout.server_keys) == 1:
-            return Views(arrays, layout.ranges)
+            return Views(self.library, arrays, layout.ranges)
         return FencedAvatars(self.library, arrays, layout.ranges)
 
     def _next_step_if(self, kind: str, user_key: UserKey) -> None:

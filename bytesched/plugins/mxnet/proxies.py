@@ -25,7 +25,7 @@ from bytesched.runtime import ENGINE, track
 log = logging.getLogger("bytesched")
 
 LIBRARY = Path(__file__).resolve().parent / "libbytesched_mxnet.so"
-ABI_VERSION = 8
+ABI_VERSION = 9
 EVENT_READY = 1
 EVENT_FINISH = 2
 BUILD_HINT = ("build it with `.venv/bin/python csrc/build.py` (scripts/setup.sh does this; it "
@@ -82,7 +82,7 @@ class ProxyLibrary:
         held.bs_release.argtypes = [u64, i32]
         held.bs_wake.argtypes = []
         held.bs_post_copies.argtypes = [vp, vp, vp, i32, vp, i32, vp, i32, i32, ctypes.c_char_p]
-        held.bs_post_fence.argtypes = [vp, i32, vp, i32, i32, ctypes.c_char_p]
+        held.bs_post_fence.argtypes = [vp, i32, vp, i32, i32, i32, ctypes.c_char_p]
         self._lib = lib
         self._held = held
         self.path = path
@@ -127,8 +127,15 @@ class ProxyLibrary:
         self._check(self._held.bs_post_copies(*copies.arguments, priority, copies.name), "posting copies")
 
     def post_fence(self, fence: "Fence", priority: int) -> None:
-        """Post ``fence`` (one engine operation that only orders)."""
+        """Post ``fence`` (one engine operation that orders, see :class:`Fence`)."""
         self._check(self._held.bs_post_fence(*fence.arguments, priority, fence.name), "posting a fence")
+
+    def to_default_layout(self, arrays: Sequence[mx.nd.NDArray], priority: int = 0) -> None:
+        """Post an operation that brings ``arrays`` back to MXNet's default memory layout where an
+        MKLDNN operator left them in a blocked one (a :class:`Fence` writing them): operations
+        posted after it on views of them (a store's init from flat slices) then see the layout
+        MXNet's copies into and out of views require (csrc/proxies.cc, "MKLDNN layouts")."""
+        self.post_fence(Fence([], arrays, "bytesched_default_layout", framework=len(arrays)), priority)
 
     def make_avatar(self, array: mx.nd.NDArray) -> mx.nd.NDArray:
         """A new NDArray over ``array``'s memory with its own engine variable."""
@@ -237,14 +244,18 @@ class StoreCall:
 
 
 class Fence:
-    """An engine operation that does nothing but order: after every earlier user of ``reads``
-    (as their reader) and ``writes`` (as their writer), before every later one. Its handle arrays
-    are built once, as a :class:`Chain`'s are."""
+    """An engine operation that orders: after every earlier user of ``reads`` (as their reader)
+    and ``writes`` (as their writer), before every later one. Its only work: the first
+    ``framework`` of ``writes``, the framework's arrays, are brought back to MXNet's default
+    memory layout where an MKLDNN operator left them in a blocked one (csrc/proxies.cc, "MKLDNN
+    layouts"), before communication writes their memory. Its handle arrays are built once, as a
+    :class:`Chain`'s are."""
 
-    def __init__(self, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray], name: str) -> None:
+    def __init__(self, reads: Sequence[mx.nd.NDArray], writes: Sequence[mx.nd.NDArray], name: str,
+                 framework: int = 0) -> None:
         self._arrays = (list(reads), list(writes))  # their handles stay valid
         self.name = name.encode()
-        self.arguments = (handle_array(reads), len(reads), handle_array(writes), len(writes))
+        self.arguments = (handle_array(reads), len(reads), handle_array(writes), len(writes), framework)
 
 
 class Copies:

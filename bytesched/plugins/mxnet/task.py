@@ -42,10 +42,14 @@ class Views:
 
     A view shares its tensor's engine variable, so an operation posted on it waits for the
     tensor as any MXNet operation does: what a store posts when it stays out of the way, with no
-    proxy in between (:class:`Avatars` are what the Core's gating needs).
+    proxy in between (:class:`Avatars` are what the Core's gating needs). Passing through, an
+    entry fence goes first: it brings the tensors back to MXNet's default memory layout, which
+    MXNet's copy into a view requires and which an MKLDNN operator may have changed (an
+    evaluation pass does that to convolution weights; csrc/proxies.cc, "MKLDNN layouts").
     """
 
-    def __init__(self, arrays: Arrays, ranges: Ranges) -> None:
+    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
+        self._library = library
         self.arrays = arrays
         self.ranges = tuple(ranges)
         self.parts: list[Arrays] = self._parts([a.reshape(-1) for a in arrays])
@@ -63,19 +67,20 @@ class Views:
         position = {a.handle.value: j for j, a in enumerate(self.arrays)}
         return [[part[position[a.handle.value]] for a in arrays] for part in self.parts]
 
+    @functools.cached_property
+    def _entry(self) -> Fence:
+        return Fence([], list(self.arrays), "bytesched_pass_through_entry", framework=len(self.arrays))
+
     def pass_through(self, priority: int, communicate: Callable[[], None]) -> None:
-        """Post ``communicate()`` (the backend's operations on these views) with nothing around
-        it: the engine orders it by the tensors' own variables."""
+        """Post the entry fence, then ``communicate()`` (the backend's operations on these views):
+        the engine orders them by the tensors' own variables."""
+        self._library.post_fence(self._entry, priority)
         communicate()
 
 
 class Avatars(Views):
     """Per partition, one avatar of each given tensor's elements ``[start, stop)`` (flattened):
     a view with an engine variable of its own, which the Dependency Proxies gate."""
-
-    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
-        self._library = library
-        super().__init__(arrays, ranges)
 
     @functools.cached_property
     def chain(self) -> Chain:
@@ -93,20 +98,23 @@ class FencedAvatars(Avatars):
     push+pull as a writer of the gradient it sends: the partitions of a tensor passed through on
     views would run one after another, each a full round trip to one server, while MXNet's own
     call of the whole tensor sends its per-server slices at once. On avatars the partitions run
-    concurrently; the entry fence (a writer of the tensors and of every avatar) makes them wait
-    for the gradient and for the weight's last reader, and the exit fence (a reader of the avatars,
-    a writer of the tensors) makes the tensors' next users wait for all of them. No Core, proxy
-    or event is involved."""
+    concurrently; the entry fence (a writer of the tensors and of every avatar, which also brings
+    the tensors back to the default layout, as :class:`Views`' does) makes them wait for the
+    gradient and for the weight's last reader, and the exit fence (a reader of the avatars, a
+    writer of the tensors) makes the tensors' next users wait for all of them. No Core, proxy or
+    event is involved."""
 
-    def __init__(self, library: ProxyLibrary, arrays: Arrays, ranges: Ranges) -> None:
-        super().__init__(library, arrays, ranges)
+    @functools.cached_property
+    def _entry(self) -> Fence:
         avatars = [a for part in self.parts for a in part]
-        self._entry = Fence([], list(arrays) + avatars, "bytesched_pass_through_entry")
-        self._exit = Fence(avatars, arrays, "bytesched_pass_through_exit")
+        return Fence([], list(self.arrays) + avatars, "bytesched_pass_through_entry", framework=len(self.arrays))
+
+    @functools.cached_property
+    def _exit(self) -> Fence:
+        return Fence([a for part in self.parts for a in part], self.arrays, "bytesched_pass_through_exit")
 
     def pass_through(self, priority: int, communicate: Callable[[], None]) -> None:
-        self._library.post_fence(self._entry, priority)
-        communicate()
+        super().pass_through(priority, communicate)
         self._library.post_fence(self._exit, priority)
 
 
