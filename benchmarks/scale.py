@@ -52,16 +52,18 @@ HELD_OUT = Grid({"allreduce": (8, 32, 128), "ps": (4, 16)}, ("10Gbps", "40Gbps")
 QUICK = Grid({"allreduce": (64,), "ps": (8,)}, ("100Gbps",))
 
 
-def scenario(model: str, arch: str, workers: int, bandwidth: str, breakdown: bool = False) -> dict[str, Any]:
-    """Every figure of one scenario."""
+def scenario(model: str, arch: str, workers: int, bandwidth: str, breakdown: bool = False,
+             overhead: str | None = None) -> dict[str, Any]:
+    """Every figure of one scenario (``overhead``: θ instead of the simulator's default)."""
     started = time.perf_counter()
     prediction = simulate(PROFILE.format(model=model), policies="fifo,bytescheduler,plan", tune=True,
-                          breakdown=breakdown, arch=arch, workers=workers, bandwidth=bandwidth).predictions[0]
+                          breakdown=breakdown, arch=arch, workers=workers, bandwidth=bandwidth,
+                          overhead=overhead).predictions[0]
     data = prediction.to_json()
     speedups = {r["policy"]: r["speedup"] for r in data["results"]}
     if arch == "allreduce":
         decoupled = simulate(PROFILE.format(model=model), policies="plan", decoupled=True, arch=arch,
-                             workers=workers, bandwidth=bandwidth).predictions[0].result("plan")
+                             workers=workers, bandwidth=bandwidth, overhead=overhead).predictions[0].result("plan")
         speedups["plan, decoupled"] = decoupled.speedup
     plan = prediction.result("plan")
     ideal = data["ideal"]["speedup"]
@@ -138,18 +140,19 @@ BEGIN = "<!-- scale:begin -->"
 END = "<!-- scale:end -->"
 
 
-def run_grid(grid: Grid, label: str, breakdown: bool, say: bool) -> dict[str, Any]:
+def run_grid(grid: Grid, label: str, breakdown: bool, say: bool, overhead: str | None = None) -> dict[str, Any]:
     """Every scenario of ``grid``, the summary, and how it was made."""
     started = time.perf_counter()
     rows = []
     for model, arch, workers, bandwidth in grid.scenarios():
-        rows.append(scenario(model, arch, workers, bandwidth, breakdown=breakdown))
+        rows.append(scenario(model, arch, workers, bandwidth, breakdown=breakdown, overhead=overhead))
         if say:
             r = rows[-1]
             print(f"{model:<12}{arch:<10}{workers:>5}{bandwidth:>9}  plan {r['speedups']['plan']:.2f}x of "
                   f"{r['ideal']:.2f}x (achievable {r['achievable']:.2f}x)", file=sys.stderr, flush=True)
     return {"grid": label, "command": "python -m benchmarks scale" + ("" if label == "issue" else f" --{label}")
-            + (" --breakdown" if breakdown else ""), "revision": revision(),
+            + (" --breakdown" if breakdown else "") + (f" --overhead {overhead}" if overhead else ""),
+            "revision": revision(), "overhead": overhead,
             "rows": rows, "summary": summary(rows), "wall_seconds": time.perf_counter() - started}
 
 
@@ -189,6 +192,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--quick", action="store_true", help="one all-reduce and one PS cluster")
     parser.add_argument("--breakdown", action="store_true", help="also where each scenario's gap goes")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--overhead", help="the per-message overhead θ, e.g. 50us (default: the simulator's, 300us)")
     parser.add_argument("--docs", action="store_true",
                         help="run the grid (with --breakdown) and the held-out clusters, and write docs/data/scale_*.json "
                              "and docs/simulator.md's section")
@@ -203,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
         print(docs_section(issue, held_out))
         return 0
     grid, label = (HELD_OUT, "held-out") if args.held_out else (QUICK, "quick") if args.quick else (GRID, "issue")
-    result = run_grid(grid, label, args.breakdown, not args.json)
+    result = run_grid(grid, label, args.breakdown, not args.json, args.overhead)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
