@@ -14,7 +14,8 @@ with no other settings, so the start-up plan picks its sizes, as for a user who 
 that stays out passes every gradient to the framework's own path (PyTorch's once its path trial
 found that path the faster; the timed steps begin once the trial decided), so those modes
 measure that path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through the Core that
-a plan with sizes, or tuning, takes; ``off`` (``BYTESCHED_POLICY=off``, default fusion) the
+a plan with sizes, or tuning, takes; ``batched`` the same path with batching while busy up to
+1 MB (``BYTESCHED_BATCH_BYTES``); ``off`` (``BYTESCHED_POLICY=off``, default fusion) the
 framework's own path from the first step. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
@@ -54,7 +55,9 @@ from .provenance import command_line, revision
 FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
 MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_BYTES": "1"}, "fused": {},
                                    "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0"},
-                                   "off": {"BYTESCHED_POLICY": "off"}}
+                                   "off": {"BYTESCHED_POLICY": "off"},
+                                   "batched": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
+                                               "BYTESCHED_BATCH_BYTES": "1MB"}}
 """Each mode and the environment its job runs with, over the caller's."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""

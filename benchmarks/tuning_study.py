@@ -228,7 +228,8 @@ def study_scenario(scenario: Scenario, seeds: int, noise: float, cap: int = CAP,
     lattice_best = max(space.points(), key=lambda p: landscape.values[p])
     return {
         "scenario": asdict(scenario), "label": scenario.label,
-        "lattice": {"shape": list(space.shape), "partition_bytes": [space.partition.value(i) for i in range(space.shape[0])],
+        "lattice": {"shape": list(space.shape),
+                    "partition_bytes": [space.partition.value(i) for i in range(space.shape[0])],
                     "credit_bytes": [space.credit.value(j) for j in range(space.shape[1])]},
         "iterations_per_s": landscape.values.tolist(),
         "grid_optimum": _point_json(space, landscape.grid_best, landscape.values),
@@ -237,7 +238,8 @@ def study_scenario(scenario: Scenario, seeds: int, noise: float, cap: int = CAP,
         "methods": {name: _summary(costs[name], cap) for name in METHODS},
         "sgd_hyperparameters": {"rate": sgd_best[2][0], "momentum": sgd_best[2][1]},
         "warm_start": {"mis_estimates": [asdict(e) for e in MIS_ESTIMATES],
-                       "predicted_points": [[_point_json(space, p, landscape.values) for p in pts] for pts in warm_points],
+                       "predicted_points": [[_point_json(space, p, landscape.values) for p in pts]
+                                            for pts in warm_points],
                        "simulation_seconds": warm_s},
         "stop_rule": {"trials": _summary([r.stop_trials for r in bo_runs], cap),
                       "gap_mean": statistics.fmean(r.stop_gap for r in bo_runs),
@@ -295,7 +297,8 @@ def format_table(result: dict[str, Any]) -> str:
         cells = "".join(f"{_cell(m[name]):>15}" for name in settings["methods"])
         saving = 1 - m["bo-warm"]["mean"] / m["bo"]["mean"]
         lines.append(f"{s['label'] + ' @' + s['scenario']['bandwidth']:<32}{cells}{saving:>12.0%}")
-    lines += ["", f"{'scenario':<24}{'grid optimum (partition, credit)':>34}{'within 2%':>11}{'sgd (rate, momentum)':>22}"]
+    lines += ["", f"{'scenario':<24}{'grid optimum (partition, credit)':>34}{'within 2%':>11}"
+                  f"{'sgd (rate, momentum)':>22}"]
     for s in result["scenarios"]:
         g = s["grid_optimum"]
         sgd = s["sgd_hyperparameters"]

@@ -8,8 +8,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 _LABELS = {"bo": "BO", "bo-warm": "BO, warm start", "random": "random", "grid": "grid", "sgd": "SGD+momentum"}
 

@@ -66,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
 
 def command_line(argv: list[str] | None = None) -> int:
     """``python -m bytesched.plugins.torch.gpucheck [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m bytesched.plugins.torch.gpucheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bytesched.plugins.torch.gpucheck",
+                                     description=__doc__.splitlines()[0])
     add_arguments(parser)
     return main(parser.parse_args(argv))

@@ -42,9 +42,7 @@ def main() -> None:
     net.add(gluon.nn.Dense(64, activation="relu"), gluon.nn.Dense(10))
     mx.random.seed(7)  # the same initial weights on every worker
     net.initialize(mx.init.Xavier())
-    # A list, not the dict: the Trainer's index is the priority, and a dict is numbered by name.
-    trainer = gluon.Trainer(list(net.collect_params().values()), "sgd", {"learning_rate": 0.05, "momentum": 0.9},
-                            kvstore=kv)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x, y = synthetic(args.train_size, seed=1 + rank)
     test_x, test_y = synthetic(1000, seed=10_000)

@@ -42,7 +42,7 @@ def main() -> None:
     if args.bytesched:
         from bytesched.plugins.mxnet import ScheduledOptimizer
         opt = ScheduledOptimizer(opt)  # the line bytesched adds
-    trainer = gluon.Trainer(list(params.values()), opt, kvstore=None)  # a list: forward order = priority
+    trainer = gluon.Trainer(params, opt, kvstore=None)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     x, y = synthetic(args.train_size, seed=1 + hvd.rank())
     test_x, test_y = synthetic(1000, seed=10_000)

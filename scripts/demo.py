@@ -36,8 +36,8 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the checkout's benchmarks package (not installed)
 
-from benchmarks.emulated.results import load, summarize  # noqa: E402
-from benchmarks.emulation import (Namespace, ShapingUnavailable, format_rate, parse_rate, shaped_loopback,  # noqa: E402
+from benchmarks.emulated.results import load, summarize  # noqa: E402 - after the sys.path insert
+from benchmarks.emulation import (Namespace, ShapingUnavailable, format_rate, parse_rate, shaped_loopback,  # noqa: E402 - after the sys.path insert
                                   unavailable_reason)
 
 BENCHMARK = REPO / "examples" / "pytorch_synthetic_benchmark.py"
@@ -168,8 +168,8 @@ def emulated(args: argparse.Namespace, shaping: bool) -> None:
     print(f"\n== Result (emulated VGG16 compute, {rate} per host; samples/s, median of "
           f"{sched.throughput.count} rounds; speedup over plain Horovod in the same round, median [min-max])")
     print(f"  {'plain Horovod':<40} {base.throughput.median:8.1f}  1.00x")
-    print(f"  {'bytesched (no settings: start-up plan)':<40} {sched.throughput.median:8.1f}  {sched.speedup.median:.2f}x "
-          f"[{sched.speedup.low:.2f}-{sched.speedup.high:.2f}]")
+    print(f"  {'bytesched (no settings: start-up plan)':<40} {sched.throughput.median:8.1f}  "
+          f"{sched.speedup.median:.2f}x [{sched.speedup.low:.2f}-{sched.speedup.high:.2f}]")
 
 
 if __name__ == "__main__":

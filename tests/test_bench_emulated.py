@@ -44,9 +44,10 @@ GBIT = 10**9
 def test_scaled_profile_scales_sizes_and_times_separately() -> None:
     original = load_profile("vgg16")
     scaled = scaled_profile("vgg16", Scale(size=0.01, time=2.0))
-    assert [t.name for l in scaled.layers for t in l.tensors] == [t.name for l in original.layers for t in l.tensors]
+    assert ([t.name for layer in scaled.layers for t in layer.tensors]
+            == [t.name for layer in original.layers for t in layer.tensors])
     assert scaled.nbytes == pytest.approx(original.nbytes * 0.01, rel=1e-3)
-    assert all(t.nbytes >= 4 and t.nbytes % 4 == 0 for l in scaled.layers for t in l.tensors)
+    assert all(t.nbytes >= 4 and t.nbytes % 4 == 0 for layer in scaled.layers for t in layer.tensors)
     assert scaled.compute_time == pytest.approx(original.compute_time * 2.0)
     assert scaled.source["scale"] == {"size": 0.01, "time": 2.0}
     assert balanced_time_scale(original, original.compute_time * 3) == pytest.approx(3.0)
@@ -343,7 +344,8 @@ def test_simulator_sized_configuration_gets_the_predicted_best_grid_sizes() -> N
     prediction = predict_group(dataclasses.replace(group, configurations=tuple(resolved.values())), profile,
                                "full-duplex", Calibration(0.0024, 0.23, 25_165_824))
     assert prediction["configs"]["bytescheduler-sim"]["partition_bytes"] == chosen.partition_bytes
-    assert prediction["calibrated"] and prediction["ideal_speedup"] >= prediction["configs"]["bytescheduler-sim"]["speedup"]
+    assert prediction["calibrated"]
+    assert prediction["ideal_speedup"] >= prediction["configs"]["bytescheduler-sim"]["speedup"]
 
 
 def test_the_ideal_is_at_its_best_credit_up_to_the_whole_model_and_the_report_recomputes_it() -> None:
@@ -473,7 +475,8 @@ def test_overview_shows_each_cell_once_and_counts_the_targets_met() -> None:
            "torch-horovod vgg16 10 Gbit/s 2r 0.95x." in text
     assert "- No settings (the start-up plan) >= 0.99x vanilla: met in 1 of 2 cells; missed in torch-horovod vgg16 " \
            "10 Gbit/s 2r 0.98x." in text
-    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 2 of 2 cells." in text  # 1.8 of 2.0
+    # 1.8 of 2.0
+    assert "- No settings >= 90% of the ideal speedup (figure: the share of it): met in 2 of 2 cells." in text
     assert "- `BYTESCHED_POLICY=off` (the framework's own path) >= 0.99x vanilla: met in 1 of 1 cells." in text
     assert "speedup (figure: the share of it): met in 2 of 2 cells." in text  # the PS cell has its own target
     assert "defaults >= 90% of the ideal speedup (figure: the share of it): met in 1 of 2 cells; missed in " \
@@ -515,9 +518,9 @@ def test_emulated_torch_model_gives_profile_gradients_in_backward_order() -> Non
     started = time.perf_counter()
     workload.loss().backward()
     elapsed = time.perf_counter() - started
-    assert elapsed >= sum(l.forward + l.backward for l in profile.layers)  # the sleeps happened
+    assert elapsed >= sum(layer.forward + layer.backward for layer in profile.layers)  # the sleeps happened
     sizes = [p.numel() * 4 for p in workload.model.parameters()]
-    assert sizes == [t.nbytes for l in profile.layers for t in l.tensors]
+    assert sizes == [t.nbytes for layer in profile.layers for t in layer.tensors]
     layers = [int(name.split(".")[1]) for name in order]
     assert layers == sorted(layers, reverse=True) and len(order) == len(sizes)  # last layer's first
     assert all(isinstance(p.grad, torch.Tensor) and p.grad.shape == p.shape for p in workload.model.parameters())
@@ -530,7 +533,7 @@ def test_emulated_mxnet_model_takes_the_profile_time_and_gives_every_parameter_a
     profile = scaled_profile("vgg16", Scale(size=0.0005, time=0.05))
     model = EmulatedModel(profile)
     params = list(model.params.values())
-    assert [p.shape[0] * 4 for p in params] == [t.nbytes for l in profile.layers for t in l.tensors]
+    assert [p.shape[0] * 4 for p in params] == [t.nbytes for layer in profile.layers for t in layer.tensors]
     train = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.5}, kvstore=None)
     for p in params:
         p.grad()[:] = 2.0
@@ -561,13 +564,13 @@ def test_emulated_mxnet_layers_run_in_order_on_their_own_clock_without_an_engine
     loss.wait_to_read()
     forward = time.perf_counter() - started
     ready: list[tuple[float, float]] = []
-    due = sum(l.forward for l in profile.layers)
+    due = sum(layer.forward for layer in profile.layers)
     for layer, params in reversed(list(zip(profile.layers, _layers_of(model, profile)))):
         due += layer.backward
         for p in params:
             p.grad().wait_to_read()
         ready.append((time.perf_counter() - started, due))
-    assert forward >= sum(l.forward for l in profile.layers)
+    assert forward >= sum(layer.forward for layer in profile.layers)
     assert all(at >= due for at, due in ready), ready
     # a layer holding the worker would keep it for the whole forward pass: all its layers are
     # ready at once and were queued before the unrelated operation

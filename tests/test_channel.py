@@ -247,7 +247,7 @@ def test_unset_port_gives_each_job_a_free_port_shared_with_its_followers() -> No
     config = make_config(None)  # type: ignore[arg-type]
     jobs = [open_job(config, 2), open_job(config, 3)]
     try:
-        for ends, errors in jobs:
+        for _ends, errors in jobs:
             assert not errors, errors
         ports = [ends[0].port for ends, _ in jobs]
         assert len(set(ports)) == 2 and all(ports), ports

@@ -17,7 +17,9 @@ import pytest
 
 import bytesched.core as core_mod
 from bytesched.core import CommTask, Config, Core, CoreShutdownError, Scheduler, SchedulingParams, SubTask
-from bytesched.core.policies import make_policy
+from bytesched.core.forward import ForwardRecorder
+from bytesched.core.policies import TicTacPolicy, make_policy
+from bytesched.core.policies.tictac import TicTacGraph
 
 from coretools import BufferTask
 
@@ -509,15 +511,35 @@ SCRIPT = ["ready 5", "ready 4", "finish", "ready 3", "finish", "finish", "ready 
 in flight; then every remaining sub-task completes, oldest first."""
 
 
-def scripted_order(policy: str, drive: str) -> list[tuple[str, int]]:
+def branching_graph() -> TicTacGraph:
+    """The first forward pass of an Inception-style block over SCRIPT's tasks, as a plugin traces
+    it: a stem reading t0, branches reading t1, t2 then t3, and t4, joined, then a layer reading
+    t5. TIC ranks t4 (one transfer past the stem) before t3 (two)."""
+    recorder = ForwardRecorder(key=lambda name: name)
+    recorder.op(["x", "t0"], ["stem"])
+    recorder.op(["stem", "t1"], ["a"])
+    recorder.op(["stem", "t2"], ["b1"])
+    recorder.op(["b1", "t3"], ["b2"])
+    recorder.op(["stem", "t4"], ["c"])
+    recorder.op(["a", "b2", "c"], ["joined"])
+    recorder.op(["joined", "t5"], ["out"])
+    return recorder.finish().tictac_graph({f"t{i}": [f"t{i}"] for i in range(6)})
+
+
+def scripted_order(policy: str, drive: str, graph: TicTacGraph | None = None) -> list[tuple[str, int]]:
     """The start order of SCRIPT's events under ``policy``: through the threaded Core (``core``),
     or through the bare Scheduler as the simulator drives it (``scheduler``), time advancing by
-    one millisecond per event in both."""
+    one millisecond per event in both; a ``tictac`` policy ordered by TIC on ``graph`` (the
+    Core's is given it as a plugin gives it)."""
     params = SchedulingParams(partition_bytes=1000, credit_bytes=2500)
     started: list[SubTask] = []
     finished = 0
     if drive == "scheduler":
-        scheduler = Scheduler(make_policy(policy, params))
+        leader = make_policy(policy, params)
+        if graph is not None:
+            assert isinstance(leader, TicTacPolicy)
+            leader.set_graph(graph, variant="tic")
+        scheduler = Scheduler(leader)
         tasks = [BufferTask(f"t{i}", i, 1000 * (i % 3 + 1)) for i in range(6)]
         for task in tasks:
             scheduler.enqueue(task, 0.0)
@@ -532,6 +554,8 @@ def scripted_order(policy: str, drive: str) -> list[tuple[str, int]]:
         return [(s.task.name, s.index) for s in started]
     core = Core(Config(params=params, policy=policy)).start()
     try:
+        if graph is not None:
+            assert core.set_graph(graph) == [f"t{i}" for i in (0, 1, 2, 4, 3, 5)]
         tasks = [BufferTask(f"t{i}", i, 1000 * (i % 3 + 1), on_start=started.append) for i in range(6)]
         for task in tasks:
             core.enqueue(task)
@@ -564,3 +588,12 @@ def test_the_runtime_core_starts_in_the_order_the_simulator_drives(policy: str) 
     expected = scripted_order(policy, "scheduler")
     assert {name for name, _ in expected} == {f"t{i}" for i in range(6)}  # every task ran
     assert scripted_order(policy, "core") == expected
+
+
+def test_a_tictac_core_given_a_traced_graph_starts_in_the_order_the_simulator_drives() -> None:
+    """The graph is an input like the events: ordered by TIC on a branching forward pass, the
+    runtime Core and the bare Scheduler start the same sequence, which is not the tasks' own
+    priority order (the policy without a graph)."""
+    expected = scripted_order("tictac", "scheduler", branching_graph())
+    assert scripted_order("tictac", "core", branching_graph()) == expected
+    assert expected != scripted_order("tictac", "scheduler")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bytesched.launch.ports import free_port
@@ -75,3 +76,40 @@ def test_mxnet_over_horovod() -> None:
                       EXAMPLES / "mxnet_horovod.py", "--epochs", "2", "--train-size", "256"], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     assert accuracies(result.stdout)[-1] > 50, result.stdout
+
+
+def resnet_job(stack: str, save: Path, bytesched: bool) -> list[str]:
+    """The model-zoo ResNet-18 example on 2 workers (a parameter server: 2 servers and two
+    contexts per worker; or Horovod), 2 epochs of 20 batches; its accuracy lines, sorted."""
+    require("mxnet", "MXNet")
+    script = [sys.executable, EXAMPLES / "mxnet_gluon_resnet.py", "--epochs", "2", "--steps", "20",
+              "--batch-size", "16", "--save", save, "--bytesched" if bytesched else "--no-bytesched"]
+    if stack == "ps":
+        argv = [require_executable("bytesched"), "launch", "--servers", "2", "--workers", "2", "--",
+                *script, "--contexts", "2"]
+    else:
+        require("horovod.mxnet", "Horovod built with MXNet")
+        argv = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", *script, "--horovod"]
+    result = run_job(argv, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = sorted(re.findall(r"worker \d epoch \d: test accuracy [\d.]+%", result.stdout))
+    assert len(lines) == 2 * 2, result.stdout[-3000:]
+    return lines
+
+
+@pytest.mark.parametrize("stack", ["ps", "horovod"])
+def test_mxnet_resnet_in_published_scripts_idioms_trains_as_without_bytesched(tmp_path: Path, stack: str) -> None:
+    """The ResNet-18 example as published Gluon scripts train (model zoo, batch norm, the Trainer
+    given ``collect_params()``, a DataLoader, evaluation after every epoch; on the parameter server
+    each batch split over two contexts), with no bytesched settings: its accuracies and every
+    worker's final weights are those of the same script without bytesched's two lines, bit for
+    bit, and it learns."""
+    with_lines = resnet_job(stack, tmp_path / "with", bytesched=True)
+    without_lines = resnet_job(stack, tmp_path / "without", bytesched=False)
+    assert with_lines == without_lines
+    assert min(accuracies("\n".join(with_lines))[-2:]) > 20, with_lines  # epoch 2's, both workers (chance: 10 %)
+    for rank in (0, 1):
+        with np.load(tmp_path / f"with.{rank}.npz") as got, np.load(tmp_path / f"without.{rank}.npz") as want:
+            assert got.files == want.files and len(got.files) == 102  # 62 weights and biases, 40 running statistics
+            for name in want.files:
+                assert np.array_equal(got[name], want[name]), f"worker {rank}: {name}"

@@ -3,9 +3,9 @@
 Two real ranks over Gloo train the check's CNN with an all-reduce after backward and under
 ScheduledOptimizer (SGD and Adam, barrier mode and crossing the barrier, through the Core and with
 the start-up plan: where it stays out it times the Core's path against the framework's and keeps
-one) and must end with the
-same bits; then DDP and bytesched are timed, each bytesched round with the plan it made (the figures are
-not judged here: a benchmark's business). Bad options and a check that runs out of time end with an error that names them.
+one) and must end with the same bits; then DDP and bytesched are timed, each bytesched round with
+the plan it made (the figures are not judged here: a benchmark's business). Bad options and a
+check that runs out of time end with an error that names them.
 """
 
 from __future__ import annotations

@@ -38,14 +38,52 @@ def test_scheduled_optimizer_equals_plain_horovod(tmp_path: Path) -> None:
     verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=(\d+) heartbeats=on", result.stdout)
     assert sorted(rank for _, rank, _ in verdicts) == ["0", "1"], result.stdout[-4000:]
     assert {verdict for verdict, _, _ in verdicts} == {"EQUAL"}, result.stdout[-4000:]
-    # Gluon's order: bias, weight per layer. Per step, the 48 bias (192 bytes; the next tensor
-    # does not fit with it) in 1 partition, the 48x32 matrix (6144 bytes) in 7, and the bucket
-    # of the 10 bias and the 10x48 matrix (1960 bytes) in 2; over 12 steps, twice
-    assert {int(n) for _, _, n in verdicts} == {(1 + 7 + 2) * 12 * 2}
+    # The Trainer numbers the dict by name (bias 0, weight 1, bias 2, weight 3); fusion follows the
+    # forward order (weight 1, bias 0, weight 3, bias 2). Per step, the 48x32 matrix (6144 bytes)
+    # alone in 7 partitions, and the bucket of the 48 bias, the 10x48 matrix and the 10 bias
+    # (2152 bytes) in 3; over 12 steps, twice
+    assert {int(n) for _, _, n in verdicts} == {(7 + 3) * 12 * 2}
     for rank in (0, 1):
         events = json.loads((tmp_path / f"tl.{rank}.json").read_text())
         tensors = {e["args"]["tensor"] for e in events if e["name"] == "in flight"}
-        assert tensors == {"allreduce:0", "allreduce:1", "allreduce:2+1"}
+        assert tensors == {"allreduce:1", "allreduce:0+2"}
+
+
+DEEP = [f"layer{i}_{kind}" for i in range(2, 14) for kind in ("weight", "bias")]
+"""The 12-layer model's parameters in forward order; the Trainer, given the dict, numbers them
+by name (layer10 ... layer13 first)."""
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("policy", ["bytescheduler", "tictac"])
+def test_a_trainer_given_collect_params_is_scheduled_and_fused_in_the_forward_order(tmp_path: Path,
+                                                                                   policy: str) -> None:
+    """Twelve layers named layer2 ... layer13 and ``gluon.Trainer(net.collect_params())``: both
+    ranks rank the parameters in the forward order (rank 0's, broadcast), the buckets are runs of
+    neighbours in that order (each task's first member and count tile the forward order), rank
+    0's timeline records it, and the weights equal plain Horovod's, bit for bit."""
+    require("horovod.mxnet", "Horovod built with MXNet")
+    result = run_job([require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                      sys.executable, SCRIPTS / "mxnet_hvd.py", "--blocks", "12", "--steps", "6"],
+                     timeout=120, env={**os.environ, "BYTESCHED_POLICY": policy, "BYTESCHED_PARTITION_BYTES": "1000",
+                                       "BYTESCHED_CREDIT_BYTES": "3000", "BYTESCHED_FUSION_BYTES": "2500",
+                                       "BYTESCHED_TIMELINE": str(tmp_path / "tl.json")})
+    assert result.returncode == 0, result.stdout[-4000:]
+    verdicts = re.findall(r"HVD MXNET (\w+) rank=(\d) subtasks=", result.stdout)
+    assert sorted(verdicts) == [("EQUAL", "0"), ("EQUAL", "1")], result.stdout[-4000:]
+    orders = re.findall(r"HVD MXNET ORDER rank=\d optimizer=\w+ (\S+)", result.stdout)
+    assert orders == [",".join(DEEP)] * 4, result.stdout[-4000:]
+    by_index = sorted(DEEP)
+    events = json.loads((tmp_path / "tl.0.json").read_text())
+    recorded = [e["args"] for e in events if e["name"] == "priority order"]
+    assert [args["order"] for args in recorded] == [[f"{by_index.index(name)} ({name})" for name in DEEP]] * 2
+    tiles = []
+    for task in {e["args"]["tensor"] for e in events if e["name"] == "in flight"}:
+        first, _, others = task.removeprefix("allreduce:").partition("+")
+        start = DEEP.index(by_index[int(first)])
+        tiles.append(range(start, start + 1 + int(others or 0)))
+    assert sorted(i for tile in tiles for i in tile) == list(range(len(DEEP))) and len(tiles) < len(DEEP)
 
 
 TUNING_ENV = {"BYTESCHED_TUNING": "1", "BYTESCHED_TUNING_MAX_TRIALS": "2", "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6",

@@ -21,12 +21,12 @@ from conftest import REPO_ROOT, require
 
 mx = require("mxnet")
 proxies = require("bytesched.plugins.mxnet.proxies", "the MXNet Dependency Proxy library (python csrc/build.py)")
-from bytesched import core as bcore  # noqa: E402
-from bytesched.core import SchedulingParams  # noqa: E402
-from bytesched.plugins.mxnet import ScheduledKVStore  # noqa: E402
-from bytesched.core.ps_layout import ServerKeyTable, mxnet_server_of  # noqa: E402
-from bytesched.plugins.mxnet.fusion import Bucket  # noqa: E402
-from bytesched.plugins.mxnet.task import Avatars  # noqa: E402
+from bytesched import core as bcore  # noqa: E402 - once mxnet is known here
+from bytesched.core import SchedulingParams  # noqa: E402 - once mxnet is known here
+from bytesched.plugins.mxnet import ScheduledKVStore  # noqa: E402 - once mxnet is known here
+from bytesched.core.ps_layout import ServerKeyTable, mxnet_server_of  # noqa: E402 - once mxnet is known here
+from bytesched.plugins.mxnet.fusion import Bucket  # noqa: E402 - once mxnet is known here
+from bytesched.plugins.mxnet.task import Avatars  # noqa: E402 - once mxnet is known here
 
 HELD = 0.3  # seconds to wait before concluding that something did not happen
 
@@ -426,7 +426,9 @@ def test_a_pushpull_is_one_request_to_the_wrapped_store(path: str, monkeypatch: 
     kv = ScheduledKVStore(plain)
     calls: list[tuple[str, list[int], list[int]]] = []
     for method in ("post_store", "post_store_chain"):
-        def recorded(*args: Any, _method: str = method, _post: Any = getattr(kv.library, method)) -> None:
+        post = getattr(kv.library, method)
+
+        def recorded(*args: Any, _method: str = method, _post: Any = post) -> None:
             call = next(a for a in args if isinstance(a, proxies.StoreCall))
             _, n_vals, vkeys, _, n_outs, okeys, _ = call.arguments
             calls.append((_method, list(vkeys)[:n_vals], list(okeys)[:n_outs]))

@@ -8,6 +8,7 @@ weight matrix, and the credit small enough that only a few partitions are in fli
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -86,6 +87,49 @@ def test_scheduled_dist_sync_equals_plain(plain: Path, tmp_path: Path, policy: s
     # 16 partitions per step (a 1536-element matrix alone is 7): tensors really were split;
     # fifo is the no-scheduler baseline and never partitions (6 tensors per step)
     assert subtasks(output) == [(6 if policy == "fifo" else 16) * 20] * 2
+
+
+BLOCKS = 12
+DEEP = [f"layer{i}_{kind}" for i in range(2, BLOCKS + 2) for kind in ("weight", "bias")]
+"""The deep model's parameters in forward order; the Trainer, given the dict, numbers them by
+name (layer10 ... layer13 first)."""
+
+
+@pytest.fixture(scope="module")
+def plain_deep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference of the 12-layer model: the plain dist_sync store."""
+    out = tmp_path_factory.mktemp("plain_deep")
+    launch(out, "--store", "plain", "--blocks", str(BLOCKS))
+    return out
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(TWO_JOBS)
+@pytest.mark.parametrize("policy", ["bytescheduler", "tictac"])
+def test_a_trainer_given_collect_params_is_scheduled_in_the_forward_order(plain_deep: Path, tmp_path: Path,
+                                                                          policy: str) -> None:
+    """Twelve layers named layer2 ... layer13 and ``gluon.Trainer(net.collect_params())``: MXNet's
+    priorities follow the names, the store's the first forward pass, on both workers (and in rank
+    0's timeline: the order recorded, and the partitions' tracks sorted by it); tictac orders the
+    chain by TIC on the traced pass, which is the forward order again. The weights are the plain
+    store's, bit for bit."""
+    output = launch(tmp_path, "--store", "scheduled", "--blocks", str(BLOCKS),
+                    env={"BYTESCHED_POLICY": policy, "BYTESCHED_PARTITION_BYTES": "1000",
+                         "BYTESCHED_CREDIT_BYTES": "2000", "BYTESCHED_LOG_LEVEL": "info",
+                         "BYTESCHED_TIMELINE": str(tmp_path / "tl.json")})
+
+    assert_same_weights(plain_deep / "worker0.npz", tmp_path)
+    assert re.findall(r"TRAINED .* priority=(\S+)", output) == [",".join(DEEP)] * 2, output[-4000:]
+    assert output.count("tictac orders the tasks by TIC") == (2 if policy == "tictac" else 0), output[-4000:]
+    by_key = sorted(DEEP)  # the Trainer's numbering
+    events = json.loads((tmp_path / "tl.0.json").read_text())
+    (recorded,) = [e["args"] for e in events if e["name"] == "priority order"]
+    assert recorded["source"] == "forward pass"
+    assert recorded["order"] == [f"{by_key.index(name)} ({name})" for name in DEEP]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    sort = {names[e["tid"]]: e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"
+            and re.fullmatch(r"pushpull:\d+ \[0\]", names.get(e["tid"], ""))}
+    assert sorted(sort, key=sort.__getitem__) == [f"pushpull:{by_key.index(name)} [0]" for name in DEEP]
 
 
 @pytest.mark.multiproc

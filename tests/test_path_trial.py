@@ -104,7 +104,8 @@ def test_a_plan_trial_stays_out_after_the_sizes_steps_and_keeps_the_sizes_only_i
         assert kept is not None and kept.params == SIZED.params and kept.step == 2 + 2 * TRIAL_STEPS
         assert kept.summary == ("chose 1 MB / 4 MB; trial: 80.0 ms per step on the plan's 1MB partitions, "
                                 "4MB credit, 100.0 passing through: keeping the plan's 1MB partitions, 4MB credit")
-        assert [s for i, s in enumerate(steps) if i not in (TRIAL_STEPS - 1, len(steps) - 1)] == [None] * (len(steps) - 2)
+        assert ([s for i, s in enumerate(steps) if i not in (TRIAL_STEPS - 1, len(steps) - 1)]
+                == [None] * (len(steps) - 2))
     rank0s.clear()
     ranks = [Rank(0, rank0s), Rank(1, rank0s)]
     returned = trial_steps(ranks, sized_ms=100.0 * (1 - CORE_MARGIN), staying_out_ms=100.0)
@@ -166,7 +167,8 @@ def test_size_switches_apply_the_trials_outcomes_as_the_plan_and_end_it_when_the
         ms = 50.0 if step <= 2 + TRIAL_STEPS else 100.0
         applied.append(switches.on_step(step, now=(step - 2) * ms / 1e3))
     assert applied[TRIAL_STEPS - 1] == STAY_OUT and applied[-1] == SIZED.params
-    assert switches.plan is not None and switches.plan.params == SIZED.params and switches.plan.step == 2 + 2 * TRIAL_STEPS
+    assert switches.plan is not None and switches.plan.params == SIZED.params
+    assert switches.plan.step == 2 + 2 * TRIAL_STEPS
     assert switches.trial_outcome is not None and not switches.trial_outcome.passes_through
     assert not switches.active and not switches.times_steps
     switches.trial = PlanTrial(SIZED, Rank(0, []), now=0.0)

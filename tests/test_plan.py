@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from bytesched.core import Config, ConfigError, SchedulingParams, from_env
-from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED
+from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED, format_size
 import bytesched.runtime.plan as plan_module
 import bytesched.runtime.start_observer as observer_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
@@ -25,8 +25,8 @@ from bytesched.runtime.start_observer import CALIBRATION_ATTEMPTS
 from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
                                     stay_out_fusion, wants_plan)
 from bytesched.sim import make_cluster, run
-from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS, SEARCH_WARMUP,
-                                 Plan, candidate_sizes, fused_profile, fusion_pays, make_plan)
+from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS,
+                                 SEARCH_WARMUP, Plan, candidate_sizes, fused_profile, fusion_pays, make_plan)
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -218,8 +218,8 @@ def test_rank0_plans_from_the_observed_step_and_broadcasts_its_choice() -> None:
     assert drains == [1, 1] and core.switches[-1] is None and plan.done
     assert params == plan.outcome.params and plan.outcome.step == 2  # type: ignore[union-attr]
     encoded = [0 if s == UNLIMITED else s for s in (params.partition_bytes, params.credit_bytes)]  # type: ignore[union-attr]
-    # 0: the plugin keeps its fusion (it offered none); then whether to pass through
-    assert ranks.sent == [1, *encoded, 0, int(plan.outcome.passes_through)]  # type: ignore[union-attr]
+    # no batching (0), the plugin keeps its fusion (0: it offered none); then whether to pass through
+    assert ranks.sent == [1, *encoded, 0, 0, int(plan.outcome.passes_through)]  # type: ignore[union-attr]
     assert "measured 8 gradients (32.0 MB" in plan.outcome.summary  # type: ignore[union-attr]
     assert plan.outcome.fusion_bytes is None  # type: ignore[union-attr]
     assert plan.on_step(3) is None
@@ -247,7 +247,7 @@ def test_staying_out_fuses_the_plugins_gradients_into_larger_tasks() -> None:
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes == STAY_OUT_FUSION_BYTES
-    assert ranks.sent == [1, 0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
+    assert ranks.sent == [1, 0, 0, 0, STAY_OUT_FUSION_BYTES, int(outcome.passes_through)]
     assert outcome.summary.endswith("; gradients fused into tasks filled to 25MB")
 
 
@@ -258,8 +258,8 @@ def test_weighing_fuses_where_the_simulator_predicts_the_step_no_slower() -> Non
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=1_000_000, model_bytes=32_000_000, weighs_fusion=True).outcome
     assert outcome is not None and outcome.fusion_bytes == 8_000_000
-    assert re.search(r"; gradients fused into tasks filled to 8MB \(predicted \d\.\d\dx the time in the observed tasks\)$",
-                     outcome.summary), outcome.summary
+    assert re.search(r"; gradients fused into tasks filled to 8MB "
+                     r"\(predicted \d\.\d\dx the time in the observed tasks\)$", outcome.summary), outcome.summary
 
 
 def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -269,8 +269,9 @@ def test_weighing_keeps_the_tasks_where_fusing_is_predicted_to_cost(monkeypatch:
     ranks = BroadcastingRanks(0)
     plan = _planned(0, ranks, fusion_bytes=1_000_000, weighs_fusion=True)
     assert plan.outcome is not None and plan.outcome.params == STAY_OUT and plan.outcome.fusion_bytes is None
-    assert ranks.sent[3] == 0 and plan.stay_out_fusion is None
-    assert plan.outcome.summary.endswith("; the observed tasks kept (fused into tasks filled to 25MB: predicted 1.07x their time)")
+    assert ranks.sent[4] == 0 and plan.stay_out_fusion is None
+    assert plan.outcome.summary.endswith(
+        "; the observed tasks kept (fused into tasks filled to 25MB: predicted 1.07x their time)")
 
 
 def test_fused_profile_merges_as_the_plugin_merges_its_buckets() -> None:
@@ -318,7 +319,7 @@ def test_a_plugin_that_cannot_or_need_not_fuse_further_keeps_its_tasks(fusion_by
     ranks = BroadcastingRanks(0)
     outcome = _planned(0, ranks, fusion_bytes=fusion_bytes, model_bytes=model_bytes).outcome
     assert outcome is not None and outcome.params == STAY_OUT and outcome.fusion_bytes is None
-    assert ranks.sent[3] == 0
+    assert ranks.sent[4] == 0
 
 
 def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -332,25 +333,26 @@ def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -
     outcome = plan.outcome
     assert outcome is not None and outcome.params == sized and outcome.fusion_bytes is None
     # The bound that goes with staying out still travels, for a trial's steps staying out.
-    assert not outcome.passes_through and ranks.sent == [1, 1_000_000, 2_000_000, STAY_OUT_FUSION_BYTES, 0]
+    assert not outcome.passes_through and ranks.sent == [1, 1_000_000, 2_000_000, 0, STAY_OUT_FUSION_BYTES, 0]
     assert plan.stay_out_fusion == STAY_OUT_FUSION_BYTES
 
 
 def test_a_follower_fuses_as_rank0_said() -> None:
-    outcome = _planned(1, BroadcastingRanks(1, answers=[1, 0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
+    outcome = _planned(1, BroadcastingRanks(1, answers=[1, 0, 0, 0, 25_000_000, 1]), fusion_bytes=1_000_000).outcome
     assert outcome is not None and outcome.fusion_bytes == 25_000_000 and outcome.passes_through and outcome.measured
     assert outcome.summary == ("rank 0's plan: no partitioning, no credit limit, gradients fused into tasks filled to "
                                "25MB, passing through")
 
 
 def test_a_follower_hears_that_rank0_measured_nothing() -> None:
-    outcome = _planned(1, BroadcastingRanks(1, answers=[1, 0, 0, 0, PASSES_THROUGH_UNMEASURED]), fusion_bytes=None).outcome
+    answers = [1, 0, 0, 0, 0, PASSES_THROUGH_UNMEASURED]
+    outcome = _planned(1, BroadcastingRanks(1, answers=answers), fusion_bytes=None).outcome
     assert outcome is not None and outcome.passes_through and not outcome.measured
 
 
 def test_a_follower_applies_what_rank0_broadcast() -> None:
     core = RecordingCore()
-    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1, 1_000_000, 0, 0, 0]), _timed(0.0001, 0.001),
+    plan = StartupPlan(core, BroadcastingRanks(1, answers=[1, 1_000_000, 0, 0, 0, 0]), _timed(0.0001, 0.001),
                        arch="allreduce", model_bytes=1_000_000, drain=lambda: None)
     plan.on_step(0)
     plan.on_step(1)
@@ -384,7 +386,7 @@ def test_figures_rank0_finds_inconsistent_are_timed_again_on_every_rank() -> Non
 
 
 def test_a_follower_times_again_when_rank0_says_so_whatever_its_own_figures() -> None:
-    ranks = BroadcastingRanks(1, answers=[0, 1, 1_000_000, 0, 0, 0])
+    ranks = BroadcastingRanks(1, answers=[0, 1, 1_000_000, 0, 0, 0, 0])
     plan = StartupPlan(RecordingCore(), ranks, _timed_attempts([(0.0002, 0.004), (0.0002, 0.004)]),
                        arch="allreduce", model_bytes=1_000_000, drain=lambda: None)
     plan.on_step(0)
@@ -480,7 +482,7 @@ def test_a_rank0_that_cannot_plan_passes_through(caplog: pytest.LogCaptureFixtur
                        drain=lambda: None)
     for step in range(3):
         plan.on_step(step)
-    assert ranks.sent == [1, 0, 0, 0, PASSES_THROUGH_UNMEASURED]
+    assert ranks.sent == [1, 0, 0, 0, 0, PASSES_THROUGH_UNMEASURED]
     assert plan.outcome is not None and plan.outcome.passes_through and not plan.outcome.measured
     assert plan.outcome.summary.endswith("; passing through")
 
@@ -545,3 +547,37 @@ def test_the_plan_row_keeps_the_framework_path_where_the_runtime_times_it() -> N
     assert prediction.vanilla.iteration_time < sized
     assert prediction.result("plan").speedup == pytest.approx(1.0)
     assert not keeps_the_faster_path(chosen, make_cluster(arch="allreduce", workers=4))
+
+
+def test_the_batching_threshold_is_where_the_fixed_cost_stops_dominating() -> None:
+    """f(d) = 1 ms + d / 125 MB/s: two pieces of x sent as one cost over 0.8 of sending them
+    apart from x = 1.5 a / b = 187.5 KB on."""
+    assert NetworkCost(0.001, 0.081, 10_000_000).batch_threshold() == 187_500
+
+
+def _small_gradients(core: RecordingCore, count: int = 60) -> None:
+    """What the Core hands the observer in a step: ``count`` 16 KB gradients, 0.1 ms apart."""
+    for i in range(count):
+        core.observer(_sub(f"g{i}", 1, 0.001 + 1e-4 * i, 16_000))  # type: ignore[misc]
+
+
+def test_a_backend_that_batches_gets_the_threshold_with_sizes_where_batching_pays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sixty 16 KB gradients on a network whose all-reduce costs 5 ms fixed: the sizes (forced)
+    come with a batching threshold, which every rank receives (the third value sent)."""
+    sized = SchedulingParams(partition_bytes=1_000_000, credit_bytes=4_000_000)
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, *margins: Plan(
+        "bytescheduler", sized, 1.0, 1.0, 1.0))
+    monkeypatch.setattr(time, "monotonic", lambda: 0.0)
+    core, ranks = RecordingCore(), BroadcastingRanks(0)
+    plan = StartupPlan(core, ranks, _timed(0.005, 0.15), arch="allreduce", model_bytes=960_000,
+                       drain=lambda: None, batches=True)
+    plan.on_step(0)
+    plan.on_step(1)
+    _small_gradients(core)
+    monkeypatch.setattr(time, "monotonic", lambda: 0.02)
+    params = plan.on_step(2)
+    threshold = NetworkCost(0.005, 0.15, 4_000_000).batch_threshold()
+    assert params == dataclasses.replace(sized, batch_bytes=threshold)  # type: ignore[arg-type]
+    assert ranks.sent[3] == threshold
+    assert f"batching pieces under {format_size(threshold)} while busy" in plan.outcome.summary  # type: ignore[union-attr]

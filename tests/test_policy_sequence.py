@@ -99,7 +99,7 @@ def test_cores_of_two_ranks_start_in_one_order_though_their_tasks_become_ready_d
         for core in cores:
             core.start_in_sequence(NAMES)
             assert core.start_order == "sequence"
-        for step in range(3):
+        for _step in range(3):
             for rank, core in enumerate(cores):
                 for name in (NAMES if rank == 0 else tuple(reversed(NAMES))):
                     core.enqueue(BufferTask(name, 0, 64, on_start=started(rank)), ready=True)

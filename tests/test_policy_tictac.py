@@ -155,6 +155,19 @@ def test_policy_orders_by_graph_rank_then_own_priority_for_unknown_tasks() -> No
     assert policy.rank_of(BufferTask("other", 2, 10)) == 3 + 2  # after every task the graph names
 
 
+def test_a_graph_without_durations_is_ordered_by_the_variant_the_caller_names() -> None:
+    """A traced graph carries no durations: the plugins order it by TIC on a TAC policy (what
+    make_policy builds), whose own variant stays for later graphs."""
+    policy = make_policy("tictac", SchedulingParams())
+    assert isinstance(policy, TicTacPolicy)
+    policy.set_graph(SPLIT, variant="tic")
+    assert sorted(policy.ranks, key=policy.ranks.__getitem__) == tic_order(SPLIT) == ["b", "c", "a"]
+    policy.set_graph(SPLIT)
+    assert sorted(policy.ranks, key=policy.ranks.__getitem__) == tac_order(SPLIT) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="variant='tak'"):
+        policy.set_graph(SPLIT, variant="tak")
+
+
 def test_set_graph_reorders_subtasks_already_waiting() -> None:
     params = SchedulingParams(partition_bytes=math.inf, credit_bytes=1)
     policy = TicTacPolicy(params, variant="tac")

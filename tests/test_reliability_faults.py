@@ -71,7 +71,8 @@ def launch_until_exits(ranks: int, args: list[str], survivors: set[int], env: di
                     deadline = fault_at + after_fault_s
                 m = re.match(r"EXIT rank=(\d+) code=(-?\d+)", line)
                 if m:
-                    exits[int(m.group(1))] = (int(m.group(2)), time.monotonic() - fault_at if fault_at is not None else -1.0)
+                    since = time.monotonic() - fault_at if fault_at is not None else -1.0
+                    exits[int(m.group(1))] = (int(m.group(2)), since)
     output = "\n".join(lines) + buffer
     assert fault_at is not None, f"no fault within {start_s} s of the start:\n{output[-6000:]}"
     assert survivors <= exits.keys(), (f"ranks {sorted(survivors - exits.keys())} still ran {after_fault_s} s "
@@ -111,8 +112,8 @@ def test_stalled_rank_is_named_and_stall_timeout_ends_the_job() -> None:
     env = fault_env(BYTESCHED_STALL_WARNING_S="2", BYTESCHED_STALL_TIMEOUT_S="5", BYTESCHED_PLAN="0")
     output, exits = launch_until_exits(2, ["--hang-rank", "1"], {0, 1}, env=env)
     leader = rank_output(output, 0)
-    assert re.search(r"stall: tensor 'layers\.\d\.(weight|bias)(\+\d+)?' partition 0 of 1 \(started \d+ s ago\) on rank 0 "
-                     r"and has not finished: rank\(s\) 1 have not started it", leader), leader[-3000:]
+    assert re.search(r"stall: tensor 'layers\.\d\.(weight|bias)(\+\d+)?' partition 0 of 1 \(started \d+ s ago\) "
+                     r"on rank 0 and has not finished: rank\(s\) 1 have not started it", leader), leader[-3000:]
     assert "BYTESCHED_STALL_TIMEOUT_S=5" in leader, leader[-3000:]
     assert exits[0][0] != 0 and exits[1][0] != 0, output[-3000:]
     assert "rank 0 was lost" in rank_output(output, 1), output[-3000:]
@@ -166,8 +167,8 @@ def test_ctrl_c_stops_every_rank_within_the_bound(no_leftover_processes: str) ->
     launcher and both ranks are gone within INTERRUPT_BOUND_S, nothing left running."""
     require("horovod.torch", "Horovod built with PyTorch")
     horovodrun = require_executable("horovodrun")
-    argv = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(SCRIPTS / "reliability_train.py"),
-            "--steps", "100000", "--report-every", "5", "--step-sleep", "0.02"]
+    argv = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+            str(SCRIPTS / "reliability_train.py"), "--steps", "100000", "--report-every", "5", "--step-sleep", "0.02"]
     with started(argv, env=fault_env(PYTHONUNBUFFERED="1")) as job:  # horovodrun relays lines at once
         assert job.stdout is not None
         fd, buffer, training = job.stdout.fileno(), "", set()

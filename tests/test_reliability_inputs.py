@@ -3,31 +3,41 @@ with wrong values, and wrong use of the API. Each error must name the culprit.""
 
 from __future__ import annotations
 
+import threading
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
+import bytesched.core.core as core_module
 from bytesched.core import Config, Core
 from bytesched.core.config import VARIABLES, ConfigError, from_env
+from bytesched.core.stall_check import StallCheck
 from bytesched.core.task import CommTask, SubTask
-from conftest import require
+from bytesched.runtime.lifecycle import needs_channel
+
+from coretools import BufferTask
 
 # The wrong values every variable of a kind must refuse (zero only where it is not "off").
 SIZE = ["-4MB", "0", "four", "4XB", "2000000TB"]
+SIZE_OR_OFF = ["-4MB", "00", "four", "4XB", "2000000TB"]
 SECONDS = ["-1", "0", "soon", "5ms", "1e12", "nan", "inf"]
 SECONDS_OR_OFF = ["-1", "soon", "5ms", "1e12", "nan", "inf"]
 COUNT_FROM_1 = ["-1", "0", "ten", "2.5", "99999999999"]
 COUNT_FROM_0 = ["-1", "ten", "2.5", "99999999999"]
 KINDS = {
     "BYTESCHED_PARTITION_BYTES": SIZE, "BYTESCHED_CREDIT_BYTES": SIZE, "BYTESCHED_FUSION_BYTES": SIZE,
-    "BYTESCHED_STAY_OUT_FUSION_BYTES": SIZE,
+    "BYTESCHED_STAY_OUT_FUSION_BYTES": SIZE, "BYTESCHED_BATCH_BYTES": SIZE_OR_OFF,
     "BYTESCHED_POLICY": ["fastest", ""], "BYTESCHED_ORDER": ["random", "0"],
     "BYTESCHED_STAY_OUT_PATH": ["always", ""], "BYTESCHED_TIMELINE": ["  "], "BYTESCHED_LOG_LEVEL": ["loud", "5"],
     "BYTESCHED_CHANNEL_HOST": [" "], "BYTESCHED_CHANNEL_PORT": ["0", "-1", "70000", "http", "29517.5"],
     "BYTESCHED_CHANNEL_TIMEOUT_S": SECONDS, "BYTESCHED_JOB_TOKEN": [""],
     "BYTESCHED_STALL_WARNING_S": SECONDS, "BYTESCHED_STALL_TIMEOUT_S": SECONDS_OR_OFF,
-    "BYTESCHED_FAULT_TIMEOUT_S": SECONDS_OR_OFF, "BYTESCHED_CHECK": COUNT_FROM_0, "BYTESCHED_PLAN": ["2", "auto"], "BYTESCHED_PLAN_TRIAL": ["2", "maybe"],
+    "BYTESCHED_FAULT_TIMEOUT_S": SECONDS_OR_OFF, "BYTESCHED_CHECK": COUNT_FROM_0, "BYTESCHED_PLAN": ["2", "auto"],
+    "BYTESCHED_PLAN_TRIAL": ["2", "maybe"],
     "BYTESCHED_TUNING": ["2", "maybe"], "BYTESCHED_TUNING_MAX_TRIALS": COUNT_FROM_1,
     "BYTESCHED_TUNING_STEPS_PER_TRIAL": COUNT_FROM_1, "BYTESCHED_TUNING_WARMUP_STEPS": COUNT_FROM_0,
     "BYTESCHED_TUNING_SEED": COUNT_FROM_0, "BYTESCHED_TUNING_XI": ["-0.1", "lots", "inf"],
@@ -48,11 +58,52 @@ def test_bad_variable_value_names_the_variable(name: str, value: str) -> None:
     assert "expected" in str(err.value) or "e.g." in str(err.value) or "unset it" in str(err.value)
 
 
-@pytest.mark.parametrize("name, value", [
-    ("BYTESCHED_STALL_TIMEOUT_S", "0"), ("BYTESCHED_FAULT_TIMEOUT_S", "0"), ("BYTESCHED_CHECK", "0"),
-])
-def test_zero_switches_off(name: str, value: str) -> None:
-    from_env({name: value})
+def stall_timeout_fails_a_stuck_core(config: Config, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the stall check, looking far past every deadline at a sub-task that never finishes,
+    fails the Core (and would end the process)."""
+    exits: list[str] = []
+    monkeypatch.setattr(core_module, "exit_later", lambda reason, grace_s=10.0: exits.append(reason))
+    core = Core(config).start()
+    started, handled = threading.Event(), threading.Event()
+    try:
+        core.enqueue(BufferTask("stuck.w", 0, 8, on_start=lambda sub: started.set()), ready=True)
+        assert started.wait(5), "the sub-task never started"
+        StallCheck(core, None).check(time.monotonic() + 1e6)  # far past every warning and timeout
+        core.call_soon(handled.set)  # after what the check posted: a failed Core never gets to it
+        deadline = time.monotonic() + 5
+        while core.running and not handled.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handled.is_set() or not core.running, "the Core neither stopped nor went on"
+        return not core.running and bool(exits)
+    finally:
+        core.shutdown(0.1)
+
+
+def fault_detection_opens_the_channel(config: Config, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether a 2-rank job whose order and tuning need no rank-0 channel opens it anyway, for the
+    heartbeats that detect a lost rank."""
+    return needs_channel(config, "immediate", 2)
+
+
+def check_compares_parameters(config: Config, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether a 2-rank PyTorch job makes the consistency check that compares its parameters."""
+    from bytesched.plugins.torch.consistency import make_check
+    return make_check(config.check_every, SimpleNamespace(size=2), [], lambda: None) is not None
+
+
+SWITCHED_OFF_BY_ZERO = {
+    "BYTESCHED_STALL_TIMEOUT_S": stall_timeout_fails_a_stuck_core,
+    "BYTESCHED_FAULT_TIMEOUT_S": fault_detection_opens_the_channel,
+    "BYTESCHED_CHECK": check_compares_parameters,
+}
+
+
+@pytest.mark.parametrize("name", SWITCHED_OFF_BY_ZERO)
+def test_zero_switches_off(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0 turns the variable's feature off, where 5 turns it on (so the effect is there to miss)."""
+    active = SWITCHED_OFF_BY_ZERO[name]
+    assert active(from_env({name: "5"}), monkeypatch)
+    assert not active(from_env({name: "0"}), monkeypatch)
 
 
 # ------------------------------------------------------------------------------ wrong API use

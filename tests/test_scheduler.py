@@ -393,3 +393,154 @@ def test_subtasks_of_a_task_are_its_pieces_in_order_with_no_times_yet() -> None:
         [(task, i, payload, nbytes, ("w", 2, i)) for i, (payload, nbytes) in enumerate(pieces)]
     assert all(type(s) is SubTask and math.isnan(s.t_ready) and math.isnan(s.t_start) and math.isnan(s.t_finish)
                for s in subs)
+
+
+# -- batching while busy ------------------------------------------------------------------------
+class RecordingBatcher:
+    """A backend that starts batches: records each batch's sub-tasks."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def start_batch(self, batch: tuple[SubTask, ...]) -> None:
+        self.batches.append([sub.task.name for sub in batch])
+
+
+def _batching(credit: float = UNLIMITED, batch: float = 100, partition: float = UNLIMITED,
+              policy: str = "bytescheduler") -> Scheduler:
+    return Scheduler(make_policy(policy, SchedulingParams(partition_bytes=partition, credit_bytes=credit,
+                                                          batch_bytes=batch)))
+
+
+def _tasks(sched: Scheduler, sizes: list[int], batcher: object | None) -> list[BufferTask]:
+    tasks = []
+    for i, nbytes in enumerate(sizes):
+        task = BufferTask(f"t{i}", priority=i, nbytes=nbytes)
+        task.batcher = batcher  # type: ignore[assignment]
+        sched.enqueue(task, 0.0)
+        tasks.append(task)
+    return tasks
+
+
+def _names(subs: list[SubTask]) -> list[str]:
+    return [sub.task.name for sub in subs]
+
+
+def test_small_pieces_ready_while_another_is_in_flight_start_together_once_it_finishes() -> None:
+    """The first piece starts alone (nothing in flight); t1-t3, ready while it is in flight, wait
+    in the open batch (counted in the window) and start as one operation when it finishes."""
+    sched = _batching(batch=100)
+    t0, t1, t2, t3 = _tasks(sched, [40, 20, 20, 20], RecordingBatcher())
+    (first,) = sched.ready(t0, 0.0)
+    assert first.batch is None
+    assert sched.ready(t1, 0.1) == [] and sched.ready(t2, 0.2) == [] and sched.ready(t3, 0.3) == []
+    assert sched.window.inflight_count == 4 and sched.window.inflight_bytes == 100
+    together = sched.finish(first, 1.0)
+    assert _names(together) == ["t1", "t2", "t3"]
+    assert all(sub.batch == tuple(together) for sub in together)
+    assert all(sub.t_start == 1.0 for sub in together)
+    stats = sched.take_stats()
+    assert stats.subtasks_started == 4 and stats.bytes_started == 100
+
+
+def test_a_batch_that_cannot_take_the_next_piece_starts_while_busy() -> None:
+    sched = _batching(batch=50)
+    t0, t1, t2, t3 = _tasks(sched, [40, 20, 20, 20], RecordingBatcher())
+    (first,) = sched.ready(t0, 0.0)
+    assert sched.ready(t1, 0.1) == [] and sched.ready(t2, 0.2) == []
+    full = sched.ready(t3, 0.3)  # 20 + 20 + 20 > 50: t1 and t2 go, t3 opens the next batch
+    assert _names(full) == ["t1", "t2"] and full[0].batch == tuple(full)
+    assert sched.finish(first, 1.0) == []  # t1, t2 are still in flight: t3 waits
+    last = sched.finish_many(full, 2.0)[0]
+    assert _names(last) == ["t3"] and last[0].batch is None
+
+
+def test_a_piece_at_or_above_the_threshold_closes_the_open_batch_and_goes_alone() -> None:
+    sched = _batching(batch=50)
+    t0, t1, t2 = _tasks(sched, [40, 20, 60], RecordingBatcher())
+    sched.ready(t0, 0.0)
+    assert sched.ready(t1, 0.1) == []
+    started = sched.ready(t2, 0.2)
+    assert _names(started) == ["t1", "t2"] and all(sub.batch is None for sub in started)
+
+
+def test_only_tasks_of_one_batcher_batch_together_and_tasks_without_one_never_do() -> None:
+    sched = _batching(batch=100)
+    first, second = RecordingBatcher(), RecordingBatcher()
+    (t0,) = _tasks(sched, [40], first)
+    a, b = BufferTask("a", 1, 8), BufferTask("b", 2, 8)
+    a.batcher, b.batcher = first, second  # type: ignore[assignment]
+    c = BufferTask("c", 3, 8)
+    for task in (a, b, c):
+        sched.enqueue(task, 0.0)
+    (head,) = sched.ready(t0, 0.0)
+    assert sched.ready(a, 0.1) == []
+    assert _names(sched.ready(b, 0.2)) == ["a"]  # another batcher: a's batch closes (a alone)
+    assert _names(sched.ready(c, 0.3)) == ["b", "c"]  # no batcher: goes alone, after b's batch
+    assert all(sub.batch is None for sub in a.subtasks + b.subtasks + c.subtasks)
+
+
+def test_held_pieces_count_in_the_credit_window() -> None:
+    sched = _batching(credit=60, batch=100)
+    t0, t1, t2, t3 = _tasks(sched, [40, 20, 20, 20], RecordingBatcher())
+    (first,) = sched.ready(t0, 0.0)
+    assert sched.ready(t1, 0.1) == [] and sched.ready(t2, 0.2) == []  # 20 fits, 40 + 20 + 20 > 60
+    assert sched.window.inflight_bytes == 60 and len(sched.policy) == 1
+    assert _names(sched.finish(first, 1.0)) == ["t1", "t2"]  # t2 admitted now, then nothing else in flight
+
+
+def test_switching_batching_off_starts_the_open_batch() -> None:
+    sched = _batching(batch=100)
+    t0, t1, t2 = _tasks(sched, [40, 20, 20], RecordingBatcher())
+    sched.ready(t0, 0.0)
+    sched.ready(t1, 0.1)
+    sched.ready(t2, 0.2)
+    started = sched.set_params(SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=UNLIMITED), 0.3)
+    assert _names(started) == ["t1", "t2"] and started[0].batch == tuple(started)
+
+
+def test_the_policy_cannot_change_while_a_batch_is_open() -> None:
+    sched = _batching(batch=100)
+    t0, t1 = _tasks(sched, [40, 20], RecordingBatcher())
+    sched.ready(t0, 0.0)
+    sched.ready(t1, 0.1)
+    with pytest.raises(SchedulingError, match="1 ready sub-task"):
+        sched.set_policy(make_policy("fifo", SchedulingParams()))
+
+
+def test_batching_never_reorders_the_policys_starts() -> None:
+    """Partitioned tasks of mixed sizes arriving over time, credit-limited: with batching the
+    pieces start in exactly the order they start without it, in fewer operations."""
+    def run(batch: float) -> tuple[list[tuple[str, int]], int]:
+        sched = _batching(credit=300, batch=batch, partition=64)
+        tasks = _tasks(sched, [200, 12, 8, 8, 4, 130, 16, 8, 4, 8], RecordingBatcher())
+        driver = VirtualDriver(sched, duration=lambda sub: 1.0 if sub.batch is None else 1.0 + 0.01 * len(sub.batch))
+        for i, task in enumerate(reversed(tasks)):  # backward order: the most urgent last
+            driver.at(0.1 * i, "ready", task)
+        driver.run()
+        operations = sum(1 for sub in driver.started if sub.batch is None or sub is sub.batch[0])
+        return [(sub.task.name, sub.index) for sub in driver.started], operations
+    plain, plain_operations = run(0)
+    batched, batched_operations = run(40)
+    assert sorted(batched) == sorted(plain) and batched_operations < plain_operations
+    names = [name for name, _ in batched]
+    assert names.index("t0") > names.index("t9")  # the policy's order, not readiness's, still rules
+
+
+def test_a_follower_starts_rank0s_batches_whole_once_each_is_ready_here() -> None:
+    from bytesched.core.policies.follow import JOINS, announcement
+    leader = _batching(batch=100)
+    lt = _tasks(leader, [40, 20, 20], RecordingBatcher())
+    first = leader.ready(lt[0], 0.0)
+    leader.ready(lt[1], 0.1)
+    together = leader.finish(first[0], 0.2) if not leader.ready(lt[2], 0.2) else []
+    keys = announcement(first + together)
+    assert keys == [("t0", 0, 0), ("t1", 0, 0), ("t2", 0, JOINS)]
+    follower = Scheduler(FollowOrderPolicy(make_policy("bytescheduler", SchedulingParams(
+        partition_bytes=UNLIMITED, credit_bytes=UNLIMITED, batch_bytes=100))))
+    ft = _tasks(follower, [40, 20, 20], RecordingBatcher())
+    assert follower.announce(keys, 0.0) == []
+    assert _names(follower.ready(ft[0], 0.1)) == ["t0"]
+    assert follower.ready(ft[2], 0.2) == []  # t1 is not ready here: its batch waits whole
+    batch = follower.ready(ft[1], 0.3)
+    assert _names(batch) == ["t1", "t2"] and batch[0].batch == tuple(batch)

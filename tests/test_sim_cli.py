@@ -100,7 +100,8 @@ def test_sweep_with_unit_on_the_last_value() -> None:
 
 
 def test_tuning_picks_the_best_of_the_grid() -> None:
-    grid = [SchedulingParams(partition_bytes=4e6, credit_bytes=4e6), SchedulingParams(partition_bytes=8e6, credit_bytes=32e6)]
+    grid = [SchedulingParams(partition_bytes=4e6, credit_bytes=4e6),
+            SchedulingParams(partition_bytes=8e6, credit_bytes=32e6)]
     tuned = simulate("vgg16", arch="ps", workers=4, policies="bytescheduler,p3", tune=grid).predictions[0]
     each = [simulate("vgg16", arch="ps", workers=4, policies="bytescheduler", partition=p.partition_bytes,
                      credit=p.credit_bytes).predictions[0].result("bytescheduler").iteration_time for p in grid]
@@ -120,7 +121,8 @@ def test_tuning_picks_the_best_of_the_grid() -> None:
 def test_the_plan_is_the_fastest_candidate_and_stays_out_of_the_way_without_a_gain(case: dict[str, Any]) -> None:
     """The plan runs fifo unless a sized candidate is predicted more than 1 % faster, and then the
     fastest of them; its row in the report is that configuration's run."""
-    profile, cluster = load_profile(case["profile"]), make_cluster(None, **{k: v for k, v in case.items() if k != "profile"})
+    profile = load_profile(case["profile"])
+    cluster = make_cluster(None, **{k: v for k, v in case.items() if k != "profile"})
     chosen = make_plan(profile, cluster)
     def short(policy: str, params: SchedulingParams) -> float:
         return run(profile, cluster, policy, params, iterations=1, warmup=1).iteration_time
@@ -152,7 +154,8 @@ def test_simulate_command_table_json_and_plot(tmp_path: Path, capsys: pytest.Cap
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_simulate_command_sweep_plot_and_heterogeneous_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_command_sweep_plot_and_heterogeneous_workers(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "sweep.png"
     assert cli(["simulate", "--profile", "resnet50", "--workers", "8", "--policy", "bytescheduler",
                 "--worker", "2:compute=2", "--sweep", "bandwidth=10,40Gbps", "--plot", str(png)]) == 0

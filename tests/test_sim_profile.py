@@ -14,12 +14,12 @@ from bytesched.sim.profile import from_json
 from conftest import require
 
 torch = require("torch")
-from torch import nn  # noqa: E402
+from torch import nn  # noqa: E402 - once torch is known here
 
-from bytesched.cli import main as cli  # noqa: E402
-from bytesched.sim.devices import get_device  # noqa: E402
-from bytesched.sim.models import BUILDERS  # noqa: E402
-from bytesched.sim.profiler import _trace, find_layers, flops_profile, measure_profile  # noqa: E402
+from bytesched.cli import main as cli  # noqa: E402 - once torch is known here
+from bytesched.sim.devices import get_device  # noqa: E402 - once torch is known here
+from bytesched.sim.models import BUILDERS  # noqa: E402 - once torch is known here
+from bytesched.sim.profiler import _trace, find_layers, flops_profile, measure_profile  # noqa: E402 - once torch is known here
 
 
 def tiny() -> nn.Module:
@@ -90,7 +90,7 @@ def test_vgg16_compute_times_are_its_flops_at_the_stated_rate() -> None:
             channels = width
         side //= 2
     expected += [2 * 25088 * 4096 * batch, 2 * 4096 * 4096 * batch, 2 * 4096 * 1000 * batch]
-    assert [round(l.forward * rate) for l in profile.layers] == pytest.approx(expected, rel=1e-9)
+    assert [round(layer.forward * rate) for layer in profile.layers] == pytest.approx(expected, rel=1e-9)
     # backward: weight and input gradients (2x), but the first layer has no input gradient (1x)
     assert profile.layers[0].backward == pytest.approx(profile.layers[0].forward)
     for layer in profile.layers[1:]:
@@ -120,16 +120,16 @@ def test_layers_are_parameter_owners_in_call_order() -> None:
             return self.head(x)
 
     layers = find_layers(Block(), (torch.randn(3, 1, 4),))
-    assert [l.path for l in layers] == ["stem", "attention", "head"]
+    assert [layer.path for layer in layers] == ["stem", "attention", "head"]
     assert [name for name, _ in layers[1].params] == [
         "attention.in_proj_weight", "attention.in_proj_bias", "attention.out_proj.weight", "attention.out_proj.bias"]
 
 
 def test_measured_profile_of_a_real_model() -> None:
     profile = measure_profile("tiny", tiny(), tiny_inputs, 4, repeat=3, warmup=1)
-    assert [l.name for l in profile.layers] == ["0", "3"]
-    assert [[t.nbytes for t in l.tensors] for l in profile.layers] == [[4 * 108, 4 * 4], [4 * 2560, 4 * 10]]
-    assert all(l.forward >= 0 and l.backward >= 0 for l in profile.layers)
+    assert [layer.name for layer in profile.layers] == ["0", "3"]
+    assert [[t.nbytes for t in layer.tensors] for layer in profile.layers] == [[4 * 108, 4 * 4], [4 * 2560, 4 * 10]]
+    assert all(layer.forward >= 0 and layer.backward >= 0 for layer in profile.layers)
     assert profile.compute_time > 0
     assert profile.source["method"] == "measured"
 

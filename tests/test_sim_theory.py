@@ -64,7 +64,7 @@ def test_theorem1_priority_order_is_optimal_over_all_orders(arch: str) -> None:
     for layers in (2, 3, 4, 5, 6):
         unit = 4 * rng.randint(20_000, 60_000)
         profile = random_chain(rng, layers, unit, arch, cluster.workers)
-        partition = 4 * (min(t.nbytes for l in profile.layers for t in l.tensors) // 4 // 10)
+        partition = 4 * (min(t.nbytes for layer in profile.layers for t in layer.tensors) // 4 // 10)
         params = SchedulingParams(partition_bytes=partition, credit_bytes=credit_for(arch, partition))
         times = {order: iteration(profile, cluster, params, list(order))
                  for order in itertools.permutations(range(layers))}
@@ -109,10 +109,10 @@ def test_section_4_1_bound_on_random_instances(arch: str) -> None:
         workers = 4
         actual = iteration(profile, ideal_cluster(arch, workers, overhead),
                            SchedulingParams(partition_bytes=partition, credit_bytes=credit_for(arch, partition)))
-        fine = 4 * max(1, min(l.nbytes for l in profile.layers) // 4 // 100)
+        fine = 4 * max(1, min(layer.nbytes for layer in profile.layers) // 4 // 100)
         ideal = iteration(profile, ideal_cluster(arch, workers),
                           SchedulingParams(partition_bytes=fine, credit_bytes=credit_for(arch, fine)))
-        sizes = [l.nbytes for l in profile.layers]
+        sizes = [layer.nbytes for layer in profile.layers]
         partitions = sum(len(split_elements(s // 4, 4, partition)) for s in sizes)
         if multiples:
             assert partitions == sum(s // partition for s in sizes)

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -173,6 +174,13 @@ def test_free_port_draws_from_below_the_kernels_ephemeral_range() -> None:
 
 
 def test_free_port_falls_back_to_the_kernel_when_no_range_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under 1,000 ports below the ephemeral range: the kernel's pick, a free port of its own
+    range, rather than a draw among the ten explicit ports left."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    if low <= ports._EXPLICIT_PORT_FLOOR + 10:
+        pytest.skip(f"the kernel's ephemeral range starts at {low}, where the ten explicit ports lie")
     monkeypatch.setattr(ports, "_ephemeral_low", lambda: ports._EXPLICIT_PORT_FLOOR + 10)
+    port = ports.free_port()
+    assert low <= port <= high, (port, low, high)
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", ports.free_port()))
+        sock.bind(("127.0.0.1", port))

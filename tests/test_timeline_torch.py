@@ -72,7 +72,7 @@ def test_the_report_shows_the_provoked_forward_wait_and_measured_overlap(
     waited = steps[0, DELAY_STEP + 1]["forward_waits"][0]
     assert waited["tensor"] in ("0.weight", "0.bias") and waited["measured"]
     assert DELAY_S * 0.6 <= waited["wait_s"] <= DELAY_S + 0.25, waited
-    for (rank, step), s in steps.items():
+    for (_rank, step), s in steps.items():
         if step == STEPS - 1:
             assert s["iteration_s"] is None and s["alpha"] is None
             continue

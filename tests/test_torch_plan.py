@@ -242,7 +242,8 @@ def test_a_sized_plans_trial_keeps_the_faster_on_every_rank_at_the_same_step(job
     assert passes == (False if case == "tried-kept" else not sized_ms < staying_out_ms * (1 - CORE_MARGIN))
     sized = ["1MB", "2MB"]
     assert agreed["set_params"] == [STAY_OUT, sized, STAY_OUT] + ([] if passes else [sized])
-    assert (agreed["params"], agreed["step"]) == ((STAY_OUT, PLANNED_STEP + 6) if passes else (sized, PLANNED_STEP + 12))
+    expected = (STAY_OUT, PLANNED_STEP + 6) if passes else (sized, PLANNED_STEP + 12)
+    assert (agreed["params"], agreed["step"]) == expected
     assert agreed["passes_through"] == passes and agreed["order"] == job.backend_order
     assert agreed["layouts"] == ([] if job.backend == "horovod" else [BUCKETS] + ([] if passes else [BUCKETS]))
     assert "bytesched plan trial: " in job.output

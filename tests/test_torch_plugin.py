@@ -210,6 +210,15 @@ def test_distributed_passes_through_once_the_plan_stays_out(dist2: Launch) -> No
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(480)
+def test_distributed_batching_while_busy_keeps_the_bits(dist2: Launch) -> None:
+    """Partitions that become ready while others are in flight start as one all-reduce of up to
+    8,000 bytes on every rank (rank 0 announces the batches): the same bits as the hand-written
+    all-reduce."""
+    dist2.check(["batch/sgd", "batch/adam", "batch/started"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(480)
 def test_distributed_no_deadlock_with_randomly_delayed_backward(dist2: Launch) -> None:
     dist2.check(DEADLOCK)
     assert dist2.returncode == 0, dist2.output[-3000:]

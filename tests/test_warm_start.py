@@ -36,7 +36,8 @@ def _wait_for(poll: Callable[[], Any], timeout: float = 60.0) -> Any:
     return answer
 
 
-def test_it_measures_like_the_plan_but_switches_nothing_and_broadcasts_only_the_calibrations_verdict(caplog: pytest.LogCaptureFixture) -> None:
+def test_it_measures_like_the_plan_but_switches_nothing_and_broadcasts_only_the_calibrations_verdict(
+        caplog: pytest.LogCaptureFixture) -> None:
     """Steps 0 and 1 keep the tuner's sizes; at step 2 rank 0 has the observed step on the timed
     network, logs it, and predicts the best points of the tuner's own lattice from it."""
     warm, core, ranks = _warm(0)

@@ -82,7 +82,7 @@ class Calibration:
     """How long the tuning job took, start-up included."""
 
     def __post_init__(self) -> None:
-        self.network  # raises ValueError if the two operations' times are inconsistent
+        _ = self.network  # raises ValueError if the two operations' times are inconsistent
 
     @property
     def network(self) -> NetworkCost:

@@ -41,8 +41,8 @@ class Framework:
     """Asynchronous SGD (a ``dist_async`` KVStore), which the simulator then models."""
 
 
-_ALLREDUCE = ("vanilla", "bytescheduler", "plan", "plan-untried", "bytescheduler-fit", "bytescheduler-sim", "bytescheduler-tuned", "tuned",
-              "off", "policy-off", "fifo", "p3", "prophet")
+_ALLREDUCE = ("vanilla", "bytescheduler", "plan", "plan-untried", "bytescheduler-fit", "bytescheduler-sim",
+              "bytescheduler-tuned", "tuned", "off", "policy-off", "fifo", "p3", "prophet")
 # The path trial and the bucket layout are the PyTorch plugin's.
 _TORCH = (*_ALLREDUCE, "plan-measured", "plan-predicted", "plan-1mb", "policy-off-1mb", "plan-25mb",
           "policy-off-25mb")

@@ -46,7 +46,8 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, of: " + ", ".join(FRAMEWORKS))
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help="comma-separated, of: " + ", ".join(FRAMEWORKS))
     parser.add_argument("--models", default="vgg16,resnet50,transformer",
                         help="simulator profiles (emulated compute) or " + ", ".join(REAL_MODELS) + " (real compute)")
     parser.add_argument("--bandwidths", default="0.5gbit,1gbit,2.5gbit,5gbit,10gbit")

@@ -108,8 +108,8 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("bytescheduler-tuned", "bytesched, bytescheduler policy, the partition and credit sizes "
                   "bytesched's auto-tuner kept in a tuning job of the same cell before the runs (BYTESCHED_TUNING=1, "
                   "trials of 20 steps, on the lattice fitted to the model, 375 KB to 24 MB partitions for the "
-                  "24 MB models; in older result files, all-reduce from 256 KB / 1 MB with BYTESCHED_TUNING_FLOOR and PS "
-                  "from 500 KB / 2 MB; then fixed, as a user's next job gets them with BYTESCHED_TUNING_LOAD)",
+                  "24 MB models; in older result files, all-reduce from 256 KB / 1 MB with BYTESCHED_TUNING_FLOOR "
+                  "and PS from 500 KB / 2 MB; then fixed, as a user's next job gets them with BYTESCHED_TUNING_LOAD)",
                   policy="bytescheduler", simulated_as="bytescheduler", sized_by="tuner"),
     Configuration("probe-coarse", "calibration: bytesched at 4 MB partitions / 16 MB credit", policy="bytescheduler",
                   params=SchedulingParams(partition_bytes=4 << 20, credit_bytes=16 << 20),
@@ -123,14 +123,14 @@ CONFIGURATIONS: dict[str, Configuration] = {c.name: c for c in (
     Configuration("tuned", "bytesched, bytescheduler policy, BYTESCHED_TUNING=1 from the job's start: the timed "
                   "steps fall in the tuner's first trial, the default sizes rounded onto its lattice ("
                   "fitted to the model: 4.2 MB / 17 MB for the 24 MB models; in older result files all-reduce "
-                  "8 MB / 16 MB, the lattice's smallest partition, and PS 4 MB / 16 MB), so this shows what tuning costs while it "
-                  "searches, not what it finds (that is `bytescheduler-tuned`)",
+                  "8 MB / 16 MB, the lattice's smallest partition, and PS 4 MB / 16 MB), so this shows what tuning "
+                  "costs while it searches, not what it finds (that is `bytescheduler-tuned`)",
                   policy="bytescheduler", env=(("BYTESCHED_TUNING", "1"),), simulated_as="bytescheduler"),
     Configuration("off", "bytesched with scheduling effectively off (partition and credit unlimited)",
                   policy="bytescheduler", params=UNLIMITED, simulated_as="bytescheduler"),
     Configuration("policy-off", "bytesched with BYTESCHED_POLICY=off: every gradient on the framework's own "
-                  "path from the first step (no plan, no Core in the way); over torch.distributed its buckets filled to "
-                  "DDP's bucket cap scaled like the model from the files of the scaled bound on (a quarter of the "
+                  "path from the first step (no plan, no Core in the way); over torch.distributed its buckets filled "
+                  "to DDP's bucket cap scaled like the model from the files of the scaled bound on (a quarter of the "
                   "model, each at most that, before)", policy="fifo", scheduling=False),
     Configuration("policy-off-1mb", "bytesched with BYTESCHED_POLICY=off and BYTESCHED_FUSION_BYTES=1MB "
                   "(PyTorch only): over torch.distributed, the 1 MB buckets it passed through before revision "

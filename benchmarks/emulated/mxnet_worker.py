@@ -39,9 +39,10 @@ STORES = {"ps": "dist_sync", "ps-async": "dist_async"}
 
 def forward_order(model: EmulatedModel) -> list[gluon.Parameter]:
     """``model``'s parameters in the order its layers were added, the forward order, for the Trainer
-    (baseline and bytesched alike): the Trainer's index is the priority MXNet hands to the store
-    and to Horovod, and from a dict it numbers by name, ``layer10`` before ``layer2``
-    (docs/plugins/mxnet.md, "Give Gluon's Trainer a list")."""
+    (baseline and bytesched alike): the Trainer's index is the priority MXNet hands to the plain
+    store and to plain Horovod, and from a dict it numbers by name, ``layer10`` before ``layer2``;
+    bytesched ranks by the forward pass whatever the Trainer is given (docs/plugins/mxnet.md,
+    "Priorities from the forward pass")."""
     return list(model.params.values())
 
 

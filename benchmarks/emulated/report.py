@@ -92,7 +92,8 @@ def _calibration(group: dict[str, Any]) -> list[str]:
     if probes:
         # by count, not by architecture: older PS files recorded two probes
         names = PS_PROBES if len(probes) == len(PS_PROBES) else PROBES
-        sizes = [f"{_kib(p.partition_bytes)} / {_kib(p.credit_bytes)}" for p in (CONFIGURATIONS[n].params for n in names)]
+        sizes = [f"{_kib(p.partition_bytes)} / {_kib(p.credit_bytes)}"
+                 for p in (CONFIGURATIONS[n].params for n in names)]
         sizes[0] = sizes[0].replace(" / ", " partitions / ") + " credit"
         parts = [f"{seconds * 1e3:.0f} ms with {size}" for seconds, size in zip(probes, sizes, strict=True)]
         took = ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -301,10 +302,12 @@ def overview(results: dict[str, Any]) -> list[str]:
                   for cell in every if "policy-off" in cell.speedups]
     planned = [cell for cell in every if NO_SETTINGS in cell.speedups]
     ahead = [(cell, cell.speedups[best], all(cell.speedups[best] > value for name, value in cell.speedups.items()
-                                             if name not in (best, NO_SETTINGS))) for cell, best in ranked if cell.balanced]
+                                             if name not in (best, NO_SETTINGS)))
+             for cell, best in ranked if cell.balanced]
     ps = [(cell, cell.speedups[best], cell.speedups[best] >= PS_SPEEDUP) for cell, best in ranked if cell.ps_target]
     lines += [_verdicts("No settings (the start-up plan) >= 0.99x vanilla",
-                        [(cell, cell.speedups[NO_SETTINGS], cell.speedups[NO_SETTINGS] >= OFF_FLOOR) for cell in planned]),
+                        [(cell, cell.speedups[NO_SETTINGS], cell.speedups[NO_SETTINGS] >= OFF_FLOOR)
+                         for cell in planned]),
               _verdicts("No settings >= 90% of the ideal speedup (figure: the share of it)",
                         [share(cell, NO_SETTINGS) for cell in planned if NO_SETTINGS in cell.ideals])]
     if policy_off:
@@ -326,11 +329,11 @@ def _source(meta: dict[str, Any]) -> list[str]:
     load = meta.get("loadavg", {})
     revision = f" at revision {meta['revision']}" if meta.get("revision") else ""
     return [f"    {meta['command']}", "",
-            f"started {meta['started']}{revision} on {meta['cpus']} cores, 1-minute load average {load.get('start', '?')} "
-            f"at the start and {load.get('end', '?')} at the end; {meta['repeats']} round(s) of {meta['steps']} "
-            f"timed steps after {meta['warmup']} warm-up step(s); networks: {'; '.join(meta['networks'])} (simulated as "
-            f"topology `{meta['sim_topology']}`; per-operation cost and bandwidth from each group's calibration where "
-            f"one is shown, else the simulator's defaults).", ""]
+            f"started {meta['started']}{revision} on {meta['cpus']} cores, 1-minute load average "
+            f"{load.get('start', '?')} at the start and {load.get('end', '?')} at the end; {meta['repeats']} round(s) "
+            f"of {meta['steps']} timed steps after {meta['warmup']} warm-up step(s); networks: "
+            f"{'; '.join(meta['networks'])} (simulated as topology `{meta['sim_topology']}`; per-operation cost "
+            f"and bandwidth from each group's calibration where one is shown, else the simulator's defaults).", ""]
 
 
 DETAILS_TITLE = "# Every emulated run"
@@ -355,7 +358,8 @@ def summary(results: dict[str, Any], details: Path, docs: Path, others: Sequence
 def scaling_title(results: dict[str, Any]) -> str:
     """A heading for runs whose models were scaled otherwise than the matrix's: their ranks and
     compute per iteration, which is what differs (4-rank runs balance it at 4 ranks' all-reduce)."""
-    computes = ", ".join(f"{name} {w['compute_seconds'] * 1e3:.0f} ms" for name, w in sorted(results["workloads"].items()))
+    computes = ", ".join(f"{name} {w['compute_seconds'] * 1e3:.0f} ms"
+                         for name, w in sorted(results["workloads"].items()))
     ranks = sorted({group["ranks"] for group in results["groups"]})
     return f"{', '.join(map(str, ranks))} ranks, compute per iteration: {computes}"
 

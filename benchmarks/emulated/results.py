@@ -144,7 +144,7 @@ def families(parts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     starts a set of its own."""
     found: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # (models' scaling, files)
     for part in sorted(parts, key=lambda part: part["meta"].get("started", "")):
-        for workloads, files in found:
+        for workloads, files in found:  # noqa: B007 - the break keeps both for below
             if all(workloads.get(name, workload) == workload for name, workload in part["workloads"].items()):
                 break
         else:

@@ -258,4 +258,5 @@ def run_groups(groups: Sequence[Group], workloads: dict[str, Workload], repeats:
                         for run in records:
                             record(group, run)
                         done += len(configs)
-                        say(f"[{done}/{total} runs] job of {len(configs)} run(s) took {time.monotonic() - started:.0f} s")
+                        say(f"[{done}/{total} runs] job of {len(configs)} run(s) took "
+                            f"{time.monotonic() - started:.0f} s")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .trace import LoopSpan, SubTaskRecord  # noqa: E402
+from .trace import LoopSpan, SubTaskRecord
 
 LOOP_ROWS = {"forward": "C2", "backward": "C3", "forward wait": "C4"}
 """Training-loop rows drawn above the tensors, with their colours."""

@@ -39,7 +39,7 @@ def find_stalls(records: list[SubTaskRecord], *, factor: float = 5.0, floor_s: f
     by_key: dict[tuple[str, int, int], list[SubTaskRecord]] = defaultdict(list)
     for r in records:
         by_key[r.key].append(r)
-    stalls = []
+    stalls: list[Stall] = []
     for r in sorted(records, key=lambda r: -r.in_flight):
         if r.in_flight < threshold or len(stalls) == limit:
             break

@@ -19,8 +19,9 @@ next to the sub-tasks, and then everything is measured. Step ``n`` is the optimi
 Traces of older versions (and of plugins that record no compute) lack those spans. Then a step is
 a task instance, ``T`` runs from its first ready gradient to the next step's, ``N`` is the union
 of the step's own in-flight spans, ``C`` must be given (``compute_s``; without it α and U are
-not reported), and a forward wait is only bounded from above: the forward pass of step n+1 reads tensor i no earlier than backward of step n ended (its
-last ready gradient) and not before tensor i's communication finished, so at most
+not reported), and a forward wait is only bounded from above: the forward pass of step n+1 reads
+tensor i no earlier than backward of step n ended (its last ready gradient) and not before tensor
+i's communication finished, so at most
 ``finish_i - last_ready``. A given ``compute_s`` also overrides a measured ``C``. In both cases
 ``comm_free`` is the time in the period with nothing in flight (spent computing or idle), and the
 last step, which has no period, reports the union of its own in-flight spans as ``N``.
@@ -113,9 +114,10 @@ def _measured_steps(by_step: dict[int, list[SubTaskRecord]], markers: dict[int, 
         subs = by_step.get(n, [])
         if has_compute:
             waits = spans["forward wait", n]
-            wait_s: float | None = sum(w.length for w in waits)
+            waited = sum(w.length for w in waits)
             backward_s = sum(b.length for b in spans["backward", n])
-            compute: float | None = sum(f.length for f in spans["forward", n]) - wait_s + backward_s
+            compute: float | None = sum(f.length for f in spans["forward", n]) - waited + backward_s
+            wait_s: float | None = waited
             longest = [ForwardWait(w.tensor or "?", w.length, True)
                        for w in sorted(waits, key=lambda w: -w.length)[:keep]]
         else:

@@ -17,15 +17,16 @@ from typing import Any, Callable, Mapping
 
 log = logging.getLogger("bytesched")
 
-POLICIES = ("bytescheduler", "fifo", "p3", "prophet")
-"""The policies a job can run (``BYTESCHED_POLICY``)."""
+POLICIES = ("bytescheduler", "fifo", "p3", "prophet", "tictac")
+"""The policies a job can run (``BYTESCHED_POLICY``). ``tictac`` orders by the graph the plugins
+trace from the first forward pass (TIC; the simulator builds it from its profile, with durations:
+TAC)."""
 OFF = "off"
 """``BYTESCHED_POLICY=off``: no scheduling (:attr:`Config.scheduling` is False)."""
 SCHEDULING_OFF = f"scheduling is off (BYTESCHED_POLICY={OFF})"
 """How messages name that setting."""
-SIMULATED_POLICIES = (*POLICIES, "tictac")
-"""The policies the simulator can run: TicTac orders transfers from the model's computation graph
-with op durations, which only the simulator builds (from its profile), so it is simulator-only."""
+SIMULATED_POLICIES = POLICIES
+"""The policies the simulator can run: every one a job can."""
 ORDER_MODES = ("auto", "rank0", "immediate")
 STAY_OUT_PATHS = ("auto", "measure", "predict")
 """How a start-up plan that stays out of the way picks its path (``BYTESCHED_STAY_OUT_PATH``)."""
@@ -39,12 +40,9 @@ fusion bound gets this one by default (DistributedDataParallel's ``bucket_cap_mb
 of the model if that is smaller (:func:`bytesched.runtime.plan.stay_out_fusion`), and fills its
 tasks to it as DDP fills its buckets (:func:`bytesched.core.task.filled_runs`). With nothing to
 schedule, small tasks buy a little earlier communication, which the simulator credits, and cost
-bytesched's own work and the library's per collective, which it does not model. On one H200
-shared by two ranks over Gloo, crossing the barrier ran at 0.76x DDP's speed on ResNet50 (66 tasks
-of up to 1 MB) and 0.95x with tasks of up to 25 MB (5 tasks); passing through over
-torch.distributed on 4 emulated CPU ranks, tasks of a quarter of the model (5) cost rank 0
-0.91x-1.06x of DDP's CPU per step where 1 MB tasks (18-23) cost 1.13x-1.47x, mostly in Gloo's
-threads (``BYTESCHED_STAY_OUT_FUSION_BYTES`` sets another)."""
+bytesched's own work and the library's per collective, which it does not model: fewer, larger
+tasks ran faster on a GPU and cost less CPU over torch.distributed (docs/plan.md, "2 on";
+``BYTESCHED_STAY_OUT_FUSION_BYTES`` sets another)."""
 
 _UNITS = {
     "": 1, "b": 1,
@@ -99,6 +97,10 @@ class SchedulingParams:
 
     partition_bytes: float | None = None
     credit_bytes: float = 16_000_000
+    batch_bytes: float = 0
+    """Batching while busy (:class:`~bytesched.core.scheduler.Scheduler`): sub-tasks smaller than
+    this that become ready while others are in flight start together as one backend operation of
+    at most this many bytes; 0: never."""
 
     def __post_init__(self) -> None:
         for name in ("partition_bytes", "credit_bytes"):
@@ -107,6 +109,9 @@ class SchedulingParams:
                 continue
             if not (value == UNLIMITED or (isinstance(value, (int, float)) and value >= 1)):
                 raise ConfigError(f"{name}={value!r} must be a positive number of bytes or UNLIMITED")
+        batch = self.batch_bytes
+        if not (batch == UNLIMITED or (isinstance(batch, (int, float)) and batch >= 0)):
+            raise ConfigError(f"batch_bytes={self.batch_bytes!r} must be 0 (off), a number of bytes or UNLIMITED")
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,10 @@ def _size(name: str, text: str) -> float:
     return parse_size(text, name=name)
 
 
+def _size_or_off(name: str, text: str) -> float:
+    return 0 if text.strip() == "0" else parse_size(text, name=name)
+
+
 def _size_pair(name: str, text: str) -> tuple[int, int]:
     partition, colon, credit = text.partition(":")
     if not colon:
@@ -222,10 +231,6 @@ def _size_pair(name: str, text: str) -> tuple[int, int]:
 
 
 def _check_runtime_policy(name: str, value: str) -> None:
-    if value == "tictac":
-        raise ConfigError(f"{name}={value!r}: TicTac orders transfers from the model's computation graph, which "
-                          "only the simulator builds (`bytesched simulate --policy tictac`); a job can run one of "
-                          + ", ".join(POLICIES))
     if value not in POLICIES:
         raise ConfigError(f"{name}={value!r} is unknown: expected one of {', '.join(POLICIES)}"
                           + (f" (or {OFF} in BYTESCHED_POLICY, which sets scheduling=False)" if value == OFF else ""))
@@ -303,6 +308,10 @@ VARIABLES: tuple[Variable, ...] = (
              "Partition size: tensors are split into sub-tasks of at most this many bytes."),
     Variable("BYTESCHED_CREDIT_BYTES", "params.credit_bytes", _size, "16MB",
              "Credit size: bytes of sub-tasks allowed in flight at once (the sliding window)."),
+    Variable("BYTESCHED_BATCH_BYTES", "params.batch_bytes", _size_or_off, "0 (off)",
+             "Batching while busy: sub-tasks smaller than this that become ready while others are in flight "
+             "start together as one backend operation of at most this many bytes (over torch.distributed; "
+             "0 switches it off). Unset, the start-up plan chooses it from the calibrated per-operation cost."),
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "

@@ -27,12 +27,13 @@ import time
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from .config import Config, SchedulingParams
-from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, make_policy
-from .policies.follow import SubTaskKey
+from .policies import FollowOrderPolicy, ImmediatePolicy, Policy, TicTacPolicy, make_policy
+from .policies.follow import SubTaskKey, announcement
+from .policies.tictac import TicTacGraph
 from .policies.sequence import SequencePolicy
 from .scheduler import Scheduler, Stats
 from .stall_check import StallCheck, describe
-from .task import CommTask, SubTask
+from .task import CommTask, SubTask, start_operation
 from .waiting import get_within
 
 log = logging.getLogger("bytesched")
@@ -205,7 +206,7 @@ class Core:
             raise self._refusal(task)
         task.core = self
         # The signal sent once per sub-task: the queue's put (no Python call) unless a source waits.
-        task.notify_finish = self.post_finish  # type: ignore[method-assign]
+        task.notify_finish = self.post_finish  # type: ignore[method-assign, assignment]  # the per-task signal
         if ready:
             self._post((_ENQUEUE_READY, task))
         else:
@@ -237,7 +238,7 @@ class Core:
             self._source = source
             self.post_finish = self._post
             for task in self.scheduler.unfinished():  # enqueued before: their finishes wake it too
-                task.notify_finish = self._post  # type: ignore[method-assign]
+                task.notify_finish = self._post  # type: ignore[method-assign, assignment]  # as in enqueue
         self._on_core_thread(attach)
 
     def _post(self, event: Any) -> None:
@@ -288,6 +289,25 @@ class Core:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(IDLE_POLL_S)
+
+    def set_graph(self, graph: TicTacGraph) -> list[str] | None:
+        """The iteration's computation graph as a plugin traced it (the first forward pass, with
+        no durations): a ``tictac`` policy orders its tasks by TIC on it from now on, also those
+        already waiting (:meth:`~.policies.tictac.TicTacPolicy.set_graph`). Returns the order
+        (task names, first first), or None where the Core's policy is not ``tictac``, which
+        has no use for a graph. Every rank may call it: only the policy that orders (rank 0's,
+        over Horovod each rank's own) reads it."""
+        def apply() -> list[str] | None:
+            policy: Any = self.policy if self._replaced_order is None else self._replaced_order[0]
+            while not isinstance(policy, TicTacPolicy) and hasattr(policy, "leader"):
+                policy = policy.leader
+            if not isinstance(policy, TicTacPolicy):
+                return None
+            policy.set_graph(graph, variant="tic")
+            return sorted(policy.ranks, key=policy.ranks.__getitem__)
+        if self.running:
+            return self.query(apply, timeout=120.0)
+        return apply()
 
     def start_in_sequence(self, names: Sequence[str]) -> None:
         """From now on, every rank starts whole tasks in the cycle ``names`` (each task name once
@@ -454,19 +474,21 @@ class Core:
                 started += self._finish(finished, clock())
             self._start_all(started)
             now = clock()
-            if not started and sched.wake_at() is not None and now >= sched.wake_at():
+            wake_at = sched.wake_at()
+            if not started and wake_at is not None and now >= wake_at:
                 self._start_all(sched.tick(now))
             if self._completions and (self._next_poll is None or now >= self._next_poll):
                 self._poll(now)
             if stop_deadline is not None and (sched.idle or now >= stop_deadline):
                 if not sched.idle:
-                    self._fail_unfinished(CoreShutdownError("the bytesched Core was shut down before this task finished"))
+                    self._fail_unfinished(
+                        CoreShutdownError("the bytesched Core was shut down before this task finished"))
                 return
             # Nothing of this wake-up stays referenced while the thread waits for the next: its
             # last run of finishes and its last event's task would keep the sub-tasks, their tasks
             # and what those hold alive into the next step, where Python's cyclic garbage
             # collector counts them.
-            started = finished = obj = None  # type: ignore[assignment]
+            started = finished = obj = None  # type: ignore[assignment]  # dropped, not used again
 
     def _finish(self, subs: list[SubTask], now: float) -> list[SubTask]:
         """A run of finish events: what they start; records them and tells completed tasks."""
@@ -504,13 +526,14 @@ class Core:
         if not started:
             return
         if self._publish:
-            self._channel.publish_order([s.key for s in started])  # type: ignore[union-attr]
+            self._channel.publish_order(announcement(started))  # type: ignore[union-attr]  # set with a channel
         for sub in started:
             try:
-                sub.task.start(sub)
-            except Exception as exc:  # the plugin's backend refused: that task fails, not the Core
-                log.error("starting %r failed: %s", sub, exc)
-                sub.task.on_error(exc)
+                start_operation(sub)
+            except Exception as exc:  # the plugin's backend refused: those tasks fail, not the Core
+                log.error("starting %r failed: %s", sub.batch or sub, exc)
+                for task in {id(s.task): s.task for s in sub.batch or (sub,)}.values():
+                    task.on_error(exc)
 
     def _waiting_for(self, now: float) -> str:
         unfinished = self.scheduler.unfinished()
@@ -540,7 +563,7 @@ _core: Core | None = None
 _core_lock = threading.Lock()
 
 
-def init(config: Config, **kwargs: object) -> Core:
+def init(config: Config, **kwargs: Any) -> Core:
     """Create and start this process's Core (idempotent). The plugins get theirs from
     :func:`bytesched.runtime.start_core`, which also stops it at exit; whoever calls ``init``
     directly calls :func:`shutdown` (the Core's thread is a daemon: it never keeps a process alive).
@@ -554,7 +577,7 @@ def init(config: Config, **kwargs: object) -> Core:
                 raise RuntimeError("bytesched Core is already running with another configuration; "
                                    "call bytesched.core.shutdown() first")
             return _core
-        _core = Core(config, **kwargs).start()  # type: ignore[arg-type]
+        _core = Core(config, **kwargs).start()
         return _core
 
 

@@ -31,9 +31,8 @@ state from old partitions to new ones by itself.
 A striped tensor's partitions are listed round-robin over its stripes (first of stripe 0, first of
 stripe 1, ..., second of stripe 0, ...), not in element order. The pieces of one tensor share a
 priority, so the Core starts them in list order; in element order the first half of a tensor
-striped over two servers would all go to server 0 while server 1 idled (emulated VGG16 at
-1 Gbit/s: the 18 MB layer's partitions finished one per 30 ms, server 0's link time for both
-workers' copies, instead of one per 15 ms).
+striped over two servers would all go to server 0 while server 1 idled, and the partitions
+would finish at half the rate the two servers' links allow.
 """
 
 from __future__ import annotations

@@ -5,6 +5,18 @@ announced its order); the answer is the list of sub-tasks to start now. Time is 
 every event, supplied by the driver: the runtime :class:`~bytesched.core.core.Core` passes the
 monotonic clock, the simulator its virtual clock, tests whatever they like. Because this is the
 only place a scheduling decision is made, the simulator predicts exactly what the runtime does.
+
+Batching while busy (Caramel's small-parameter batcher, with its threshold as
+``SchedulingParams.batch_bytes``). Every backend operation pays a fixed cost; where it dominates,
+several small pieces sent as one operation cost little more than one. So of what the policy
+releases, in order, consecutive sub-tasks smaller than the threshold whose tasks share a
+:class:`~bytesched.core.task.Batcher` gather in an *open batch* of at most the threshold's
+bytes; a larger sub-task, or one that does not fit, closes it. The open batch starts at once
+where nothing else is in flight; otherwise it waits (its sub-tasks already count in the credit
+window) for more to join it, until it is full or the last other sub-task in flight finishes:
+small pieces are held only while the backend is busy anyway. Started together, the sub-tasks of
+a batch share one ``batch`` tuple. Followers do not batch by themselves: they start rank 0's
+announced batches (:class:`~bytesched.core.policies.follow.FollowOrderPolicy`).
 """
 
 from __future__ import annotations
@@ -52,7 +64,10 @@ class Scheduler:
         self._seq = 0
         self._unfinished: dict[int, CommTask] = {}  # by seq, so in enqueue order
         self.waiting = 0
-        """Ready sub-tasks not started yet (the policy's ``len``, counted without calling it)."""
+        """Ready sub-tasks in the policy's queue (its ``len``, counted without calling it)."""
+        self._open: list[SubTask] = []
+        """The open batch (module doc): admitted sub-tasks waiting to start with the next ones."""
+        self._open_bytes = 0
         self.set_policy(policy)
 
     # -- events -------------------------------------------------------------------------------
@@ -83,11 +98,11 @@ class Scheduler:
             raise SchedulingError(f"{task!r} was notified ready twice")
         task.t_ready = now
         if task.released_on_ready:  # the backend has started them already (see CommTask)
-            started = task.subtasks[:]
-            inflight_before = self.window.inflight_bytes
-            self.window.inflight_bytes += sum(sub.nbytes for sub in started)
+            started = list(task.subtasks)
+            nbytes = sum(sub.nbytes for sub in started)
+            self.window.inflight_bytes += nbytes
             self.window.inflight_count += len(started)
-            self._count_starts(started, inflight_before, now)
+            self._count_starts(started, nbytes, now)
             return started
         self.waiting += len(task.subtasks)
         self.policy.push(task, now)
@@ -142,6 +157,10 @@ class Scheduler:
             window.inflight_bytes -= freed
             window.inflight_count -= count
             stats.subtasks_finished += count
+        if self._open and window.inflight_count == len(self._open):  # nothing else in flight
+            flushed = self._batched([])
+            self._count_starts(flushed, sum(sub.nbytes for sub in flushed), now)
+            started += flushed
         return started, completed
 
     def set_params(self, params: SchedulingParams, now: float) -> list[SubTask]:
@@ -152,9 +171,11 @@ class Scheduler:
 
     def set_policy(self, policy: Policy) -> None:
         """Hand the ready queue to ``policy`` from now on (only while no sub-task waits in it)."""
-        if self.waiting:
-            raise SchedulingError(f"cannot change the policy while {self.waiting} ready sub-task(s) wait")
+        if self.waiting or self._open:
+            raise SchedulingError(f"cannot change the policy while {self.waiting + len(self._open)} ready "
+                                  "sub-task(s) wait")
         self.policy = policy
+        self._batching = policy.batches
         # The policy's observation hooks, or None where it keeps the default no-op: the finish
         # hook would otherwise be an empty call per sub-task.
         self._on_enqueue = _hook(policy, "on_enqueue")
@@ -174,18 +195,51 @@ class Scheduler:
 
     # -- the decision -------------------------------------------------------------------------
     def schedule(self, now: float) -> list[SubTask]:
-        """Start ready sub-tasks in the policy's order while it admits them."""
+        """Start ready sub-tasks in the policy's order while it admits them (in batches where
+        batching while busy is on: module doc)."""
         window = self.window
         inflight_before = window.inflight_bytes
         started = self.policy.release(window, now)
-        if not started:
-            return started
-        self.waiting -= len(started)
-        self._count_starts(started, inflight_before, now)
+        if started:
+            self.waiting -= len(started)
+        if self._open or (started and self._batching and self.policy.params.batch_bytes):
+            started = self._batched(started)
+            nbytes = sum(sub.nbytes for sub in started)
+        else:
+            nbytes = window.inflight_bytes - inflight_before
+        if started:
+            self._count_starts(started, nbytes, now)
         return started
 
-    def _count_starts(self, started: list[SubTask], inflight_before: int, now: float) -> None:
-        """Stamp ``started`` (already counted into the window) and add them to the statistics."""
+    def _batched(self, released: list[SubTask]) -> list[SubTask]:
+        """Batching while busy (module doc): of the open batch and of ``released`` (just admitted,
+        in order), what starts now, each batch of two or more with its ``batch`` tuple set; the
+        rest stays in the open batch."""
+        limit = self.policy.params.batch_bytes if self._batching else 0
+        started: list[SubTask] = []
+        batch, nbytes = self._open, self._open_bytes
+        for sub in released:
+            batcher = sub.task.batcher
+            if batcher is not None and sub.nbytes < limit:
+                if batch and (batch[0].task.batcher is not batcher or nbytes + sub.nbytes > limit):
+                    started += _started_together(batch)
+                    batch, nbytes = [], 0
+                batch.append(sub)
+                nbytes += sub.nbytes
+                continue
+            if batch:
+                started += _started_together(batch)
+                batch, nbytes = [], 0
+            started.append(sub)
+        if batch and (not limit or self.window.inflight_count == len(batch)):  # nothing else in flight
+            started += _started_together(batch)
+            batch, nbytes = [], 0
+        self._open, self._open_bytes = batch, nbytes
+        return started
+
+    def _count_starts(self, started: list[SubTask], nbytes: int, now: float) -> None:
+        """Stamp ``started`` (already counted into the window, ``nbytes`` together) and add them
+        to the statistics."""
         window = self.window
         for sub in started:
             sub.t_start = now
@@ -195,7 +249,7 @@ class Scheduler:
         delays = [now - sub.task.t_ready for sub in started]
         stats = self.stats
         stats.subtasks_started += len(started)
-        stats.bytes_started += window.inflight_bytes - inflight_before
+        stats.bytes_started += nbytes
         stats.queue_delay_total += sum(delays, 0.0)
         longest = max(delays)
         if longest > stats.queue_delay_max:
@@ -225,6 +279,15 @@ class Scheduler:
     def idle(self) -> bool:
         """Nothing waiting and nothing in flight."""
         return not self._unfinished
+
+
+def _started_together(batch: list[SubTask]) -> list[SubTask]:
+    """``batch``, each of its sub-tasks told the others if there are several (``SubTask.batch``)."""
+    if len(batch) > 1:
+        together = tuple(batch)
+        for sub in batch:
+            sub.batch = together
+    return batch
 
 
 def _finish_error(sub: SubTask) -> SchedulingError:

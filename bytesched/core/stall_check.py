@@ -50,7 +50,7 @@ class StallCheck:
 
     def __init__(self, core: "Core", channel: Any | None) -> None:
         self._core = core
-        self._channel = channel
+        self._channel: Any = channel  # used only where it is not None
         config = core.config
         self._warning_s = config.stall_warning_s
         self._timeout_s = config.stall_timeout_s

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol, Sequence
 
 if TYPE_CHECKING:  # the runtime Core imports this module, not the other way round
     from .core import Core
@@ -23,13 +23,16 @@ class SubTask:
     number, partition index), which is what rank 0's start order is expressed in.
     """
 
-    __slots__ = ("task", "index", "nbytes", "payload", "t_start", "t_finish")
+    __slots__ = ("task", "index", "nbytes", "payload", "t_start", "t_finish", "batch")
     task: "CommTask"
     index: int
     nbytes: int
     payload: Any
     t_start: float
     t_finish: float
+    batch: "tuple[SubTask, ...] | None"
+    """The sub-tasks started with this one as one backend operation (this one among them, in
+    order), or None: started alone (see :class:`~bytesched.core.scheduler.Scheduler`)."""
 
     @classmethod
     def of(cls, task: "CommTask", pieces: Sequence[tuple[Any, int]]) -> list["SubTask"]:
@@ -47,6 +50,7 @@ class SubTask:
             sub.nbytes = nbytes
             sub.payload = payload
             sub.t_start = sub.t_finish = nan
+            sub.batch = None
             subtasks.append(sub)
         return subtasks
 
@@ -68,6 +72,15 @@ class SubTask:
 
     def __repr__(self) -> str:
         return f"SubTask({self.task.name!r}#{self.task.instance}[{self.index}], {self.nbytes}B)"
+
+
+class Batcher(Protocol):
+    """What a plugin's backend offers where it can start several sub-tasks, of one or several
+    tasks, as one operation (one collective on a buffer holding them all): batching while busy."""
+
+    def start_batch(self, batch: Sequence[SubTask]) -> None:
+        """Issue the communication of every sub-task of ``batch`` as one operation; like
+        :meth:`CommTask.start`, must not block, and reports each one's finish to its task."""
 
 
 class CommTask(ABC):
@@ -93,7 +106,12 @@ class CommTask(ABC):
             was computed, without waiting for :meth:`start` (set before the task can become
             ready, and only where :meth:`Core.releases_on_ready` allowed it): the Scheduler then
             records them all as started on the ready event, whatever its policy says by then.
+        batcher: where the task's sub-tasks may be started in batches with others of the same
+            batcher (:class:`Batcher`), or None (each alone). A plugin sets it only where every
+            rank starts the same batches: rank 0 decides them and the others follow its order.
     """
+
+    batcher: Batcher | None = None
 
     def __init__(self, name: str, priority: int, nbytes: int) -> None:
         if not name:
@@ -156,6 +174,17 @@ class CommTask(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, priority={self.priority}, {self.nbytes}B)"
+
+
+def start_operation(sub: SubTask) -> None:
+    """Start ``sub``'s communication, as a driver of the Scheduler does for each sub-task it
+    answers with, in order: alone, or at the first sub-task of its batch, the whole batch as one
+    operation (the batch's other sub-tasks then need nothing more)."""
+    batch = sub.batch
+    if batch is None:
+        sub.task.start(sub)
+    elif sub is batch[0]:
+        sub.task.batcher.start_batch(batch)  # type: ignore[union-attr]  # a batch's tasks have a batcher
 
 
 def split_elements(numel: int, itemsize: int, size: float) -> list[tuple[int, int]]:

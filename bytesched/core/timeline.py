@@ -12,6 +12,10 @@ format wants them nested). Should two instances of one partition overlap (the ne
 gradient ready before the previous one's finished), the later one gets an extra track
 ``tensor [index] (2)``, so every track holds disjoint spans, in time order in the file.
 
+A plugin also records, once, the order it ranks the parameters in (:meth:`ChromeTimeline.order`:
+an instant event listing them, from the first forward pass or as the caller gave them) and, under
+``tictac``, TicTac's order of the tasks.
+
 A framework plugin adds what the training loop does (:meth:`ChromeTimeline.span`): each step's
 marker, forward and backward compute, and each wait of the forward pass on a parameter's update,
 on their own tracks above the partitions (sort index below 0). Every such span carries its
@@ -35,7 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Sequence, TextIO
 
 from .config import Config, ConfigError
 from .task import SubTask
@@ -47,6 +51,9 @@ FLUSH_EVERY = 1024
 
 LOOP_TRACKS = ("step", "forward", "backward", "forward wait")
 """The plugin's span names, one track each, drawn in this order above the partitions."""
+ORDERS = ("priority order", "tictac order")
+"""The orders a plugin records once (:meth:`ChromeTimeline.order`): the parameters (or keys) by
+priority, from the first forward pass or as given, and TicTac's order of the tasks."""
 
 
 def timeline_path(path: str, rank: int, world_size: int) -> Path:
@@ -110,6 +117,18 @@ class ChromeTimeline:
             self._emit(f'{{"name":"{name}","ph":"X","pid":{self.rank},"tid":{tid},"ts":{ts:.3f},'
                        f'"dur":{(end - begin) * 1e6:.3f},"args":{{"step":{step}{extra}}}}}')
 
+    def order(self, name: str, names: Sequence[str], source: str) -> None:
+        """An instant event ``name`` (one of :data:`ORDERS`) now, whose ``args`` list ``names``
+        most urgent first and say where the order came from (``source``)."""
+        if name not in ORDERS:
+            raise ValueError(f"timeline order {name!r}: expected one of {', '.join(ORDERS)}")
+        ts = time.time() * 1e6
+        with self._lock:
+            if self._file is None:
+                return
+            self._emit(json.dumps({"name": name, "ph": "i", "s": "p", "pid": self.rank, "tid": 0, "ts": round(ts, 3),
+                                   "args": {"source": source, "order": list(names)}}, separators=(",", ":")))
+
     def record(self, sub: SubTask) -> None:
         """``sub`` finished: write its queued and in-flight spans on its track."""
         with self._lock:
@@ -171,7 +190,7 @@ class ChromeTimeline:
     def _abandon(self) -> None:
         file, self._file = self._file, None
         with contextlib.suppress(OSError):  # flushing what is left fails the same way
-            file.close()  # type: ignore[union-attr]
+            file.close()  # type: ignore[union-attr]  # called while the file is open
 
     def close(self) -> None:
         """Write what is buffered and the closing bracket; idempotent."""
@@ -204,4 +223,4 @@ def open_timeline(config: Config, *, rank: int, world_size: int) -> ChromeTimeli
     return ChromeTimeline(timeline_path(config.timeline, rank, world_size), rank)
 
 
-__all__ = ["LOOP_TRACKS", "ChromeTimeline", "FLUSH_EVERY", "open_timeline", "timeline_path"]
+__all__ = ["LOOP_TRACKS", "ORDERS", "ChromeTimeline", "FLUSH_EVERY", "open_timeline", "timeline_path"]

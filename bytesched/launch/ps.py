@@ -207,6 +207,7 @@ def _wait_for_exit(member: _Member, job: _Job) -> None:
     """
     if hasattr(os, "waitid"):
         info = os.waitid(os.P_PID, member.popen.pid, os.WEXITED | os.WNOWAIT)
+        assert info is not None  # None only with WNOHANG
         exited = info.si_code == os.CLD_EXITED  # otherwise killed (or dumped) by a signal
         returncode = info.si_status if exited else -info.si_status
     else:

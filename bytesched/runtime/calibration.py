@@ -71,8 +71,9 @@ class NetworkCost:
 
     def __post_init__(self) -> None:
         if not (0 < self.fixed_seconds < self.large_seconds):
-            raise InconsistentCalibration(f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
-                             f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
+            raise InconsistentCalibration(
+                f"calibration is inconsistent: a 4-byte operation took {self.fixed_seconds:.4g} s and "
+                f"{self.large_bytes} bytes {self.large_seconds:.4g} s (expected 0 < small < large)")
 
     def simulator_options(self, arch: str, workers: int, servers: int | None = None,
                           striped: bool = True) -> dict[str, float]:
@@ -97,6 +98,14 @@ class NetworkCost:
             return {"overhead": self.fixed_seconds / 2, "latency": 0.0,
                     "bandwidth": 2 * busiest * self.large_bytes / variable}
         raise ValueError(f"architecture {arch!r}: expected allreduce or ps")
+
+    def batch_threshold(self) -> int:
+        """The size below which pieces are worth batching, from the linear cost
+        ``f(d) = a + b d`` through both measurements (Caramel's rule): the smallest ``x`` for which
+        two pieces of ``x`` sent as one cost over 0.8 of sending them apart,
+        ``f(2x) / 2f(x) > 0.8``, i.e. ``x = 1.5 a / b``; below it the fixed cost dominates."""
+        per_byte = (self.large_seconds - self.fixed_seconds) / self.large_bytes
+        return int(1.5 * self.fixed_seconds / per_byte)
 
     def describe(self) -> str:
         """One phrase for a log line."""

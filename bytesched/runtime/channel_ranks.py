@@ -47,7 +47,7 @@ class ChannelRanks:
 
     def __post_init__(self) -> None:
         if self.rank != 0:
-            self.channel.subscribe(VALUE, self._values.put)  # type: ignore[union-attr]
+            self.channel.subscribe(VALUE, self._values.put)  # type: ignore[union-attr]  # a follower's
 
     def barrier(self) -> None:
         self.backend_barrier()
@@ -56,7 +56,7 @@ class ChannelRanks:
         """Rank 0's ``value`` on every rank; on rank 0, once every follower confirmed it."""
         self._sent += 1
         if self.rank == 0:
-            leader: ChannelLeader = self.channel  # type: ignore[assignment]
+            leader: ChannelLeader = self.channel  # type: ignore[assignment]  # rank 0's is the leader
             leader.broadcast(VALUE, {"n": self._sent, "value": int(value)})
             reports = leader.gather(RECEIVED, timeout=self.timeout)
             wrong = sorted(rank for rank, body in reports.items() if body.get("n") != self._sent)
@@ -71,5 +71,5 @@ class ChannelRanks:
                                f"(broadcast number {self._sent})") from None
         if body.get("n") != self._sent or not isinstance(body.get("value"), int):
             raise ChannelError(f"rank {self.rank} expected rank 0's broadcast number {self._sent}, got {body!r}")
-        self.channel.report(RECEIVED, {"n": self._sent})  # type: ignore[union-attr]
+        self.channel.report(RECEIVED, {"n": self._sent})  # type: ignore[union-attr]  # a follower's
         return body["value"]

@@ -6,9 +6,8 @@ starts on the layers whose updates landed), or the framework's own all-reduce (p
 which costs no bytesched work per gradient. The simulator cannot tell which is faster: it has no
 model of that work, and with ``fifo`` it predicts no gain from crossing (the first layer's
 gradient is ready last and sent last), while a backend that runs two collectives at once (Gloo's
-two threads) lets small late buckets finish beside a large one. On one GPU shared by 2 ranks over
-Gloo, VGG16 ran 1.00x DDP crossing through the Core and 0.93x passing through, ResNet50 and the
-Transformer the other way round (docs/benchmarks.md). So where the rule is not known, the job
+two threads) lets small late buckets finish beside a large one. Neither path won on every model
+(docs/experiments/gpu.md). So where the rule is not known, the job
 measures: :data:`TRIAL_STEPS` steps on the Core, then as many passing through, the first of
 each left out (it waits for the switch). Every rank contributes its median step; the slowest
 rank's counts, since the job runs at its pace. The Core is kept only when it was faster by more

@@ -24,11 +24,12 @@ the rank-0 channel: :mod:`.channel_ranks`), so every rank applies the same sizes
 CommTask of the next step exists. Where the plan stays out, a plugin that offered a larger fusion
 bound (PyTorch on a GPU and over torch.distributed: :func:`stay_out_fusion`) is told in the same
 broadcast to fuse its gradients into larger tasks, where asked to weigh it only if the simulator
-predicts the observed step no slower in them (:func:`bytesched.sim.plan.fusion_pays`). A measurement or simulation that fails leaves the job where it
-is, staying out of the way, with a warning naming the reason: never a hang (every operation is a
-collective that every rank calls, bounded by the backend's own timeouts or the channel's) and
-never different results (sizes change how gradients travel, not what they sum to). A broadcast
-over the channel that fails is the exception: it raises, since some ranks may hold the value.
+predicts the observed step no slower in them (:func:`bytesched.sim.plan.fusion_pays`). A
+measurement or simulation that fails leaves the job where it is, staying out of the way, with a
+warning naming the reason: never a hang (every operation is a collective that every rank calls,
+bounded by the backend's own timeouts or the channel's) and never different results (sizes change
+how gradients travel, not what they sum to). A broadcast over the channel that fails is the
+exception: it raises, since some ranks may hold the value.
 
 The plan runs when ``BYTESCHED_PLAN`` is on (the default) and the job sets neither
 ``BYTESCHED_PARTITION_BYTES`` nor ``BYTESCHED_CREDIT_BYTES``, runs the ``bytescheduler`` policy,
@@ -46,7 +47,8 @@ from typing import Callable
 from bytesched.core import Config, Core, SchedulingParams
 from bytesched.core.channel import ChannelError
 from bytesched.core.config import UNLIMITED, format_size
-from bytesched.sim.plan import PASS_THROUGH_MARGIN, STAY_OUT, STAY_OUT_MARGIN, Plan, fusion_pays, make_plan
+from bytesched.sim.plan import (PASS_THROUGH_MARGIN, STAY_OUT, STAY_OUT_MARGIN, Plan, batching_pays, fusion_pays,
+                                make_plan)
 
 from .calibration import NetworkCost
 from .lifecycle import Ranks
@@ -59,24 +61,19 @@ RANK0_ORDER_MARGIN = 0.2
 (torch.distributed), a fraction of staying out's iteration time (so 1.25x predicted): each
 partition then also waits for a channel message, which the simulator does not model, and where
 the gradients live on a GPU the observed ready times are when their kernels were queued, not
-run. Every sized plan measured there lost to staying out: on 4 emulated CPU ranks, ResNet50 at
-1 Gbit/s, plans predicted 1.02x-1.06x ran at 0.89x-1.00x of DDP where staying out ran at
-1.02x-1.03x; on one H200 shared by two ranks, plans predicted 1.05x-1.16x ran ResNet50 and the
-Transformer at 0.66x-0.92x of DDP where staying out (fused) ran at 0.92x-1.00x."""
+run. Every untried sized plan measured there lost to staying out (docs/plan.md, "boundary of
+step 2")."""
 RANK0_TRIED_MARGIN = 0.05
 """The predicted gain a sized plan needs where followers wait for rank 0's announced order and its
 sizes are then tried against staying out (:mod:`.plan_trial`; so 1.05x predicted): the trial, not
-the prediction, keeps the sizes only where they ran faster. On 4 emulated CPU ranks over
-torch.distributed at 0.5-1 Gbit/s, the best sizes were predicted at 1.13x-1.23x, under
-:data:`RANK0_ORDER_MARGIN`'s bar; tried, they ran ResNet50, VGG16 and the Transformer at
-1.13x-1.21x of DDP at 0.5 Gbit/s and VGG16 at 1.18x at 1 Gbit/s, where staying out had run at
-1.00x-1.04x (docs/benchmarks.md)."""
+the prediction, keeps the sizes only where they ran faster; sizes predicted under
+:data:`RANK0_ORDER_MARGIN`'s bar ran faster than DDP once tried (docs/plan.md, "boundary of
+step 2")."""
 PS_MARGIN = 0.05
 """The predicted gain a sized plan needs on a parameter server (so 1.05x predicted). Workers
 follow rank 0's announced order there too, but a push waits for every worker's copy at the
-server anyway, so the announcement costs less than over torch.distributed. On 4 emulated workers
-and 4 servers, ResNet50 at 1 Gbit/s, the plan chose 1 MB partitions under an 8 MB credit in 5 of 5
-runs and ran at 1.09x the plain store, where staying out ran at 1.05x."""
+server anyway, so the announcement costs less than over torch.distributed (docs/plan.md,
+"boundary of step 2")."""
 UNLIMITED_CODE = 0
 """How an unlimited size travels in the integer broadcast."""
 KEEP_FUSION_CODE = 0
@@ -119,7 +116,9 @@ class PlanOutcome:
         params = self.params
         if params.partition_bytes == UNLIMITED and params.credit_bytes == UNLIMITED:
             return "no partitioning, no credit limit" + fused + (", passing through" if self.passes_through else "")
-        return f"{format_size(params.partition_bytes)} partitions, {format_size(params.credit_bytes)} credit{fused}"  # type: ignore[arg-type]
+        partition = format_size(params.partition_bytes)  # type: ignore[arg-type]  # a plan's sizes are set
+        batched = f", batching under {format_size(params.batch_bytes)}" if params.batch_bytes else ""
+        return f"{partition} partitions, {format_size(params.credit_bytes)} credit{batched}{fused}"
 
 
 def wants_plan(config: Config, world_size: int) -> bool:
@@ -146,15 +145,19 @@ class StartupPlan(StartObserver):
         tries_sizes: sizes it chooses are timed against staying out and passing through before
             they are kept (:mod:`.plan_trial`, ``BYTESCHED_PLAN_TRIAL``); only for a plugin that
             can pass through at any step boundary.
+        batches: the plugin's backend can start batches (batching while busy): sizes it chooses
+            come with the calibration's batching threshold where the simulator predicts that it
+            pays (:func:`bytesched.sim.plan.batching_pays`).
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
                  drain: Callable[[], None], servers: int | None = None,
                  bigarray_bound: int | None = None, stay_out_bound: int | None = None,
                  pass_through_margin: float = PASS_THROUGH_MARGIN, tries_sizes: bool = False,
-                 weighs_fusion: bool = False) -> None:
+                 weighs_fusion: bool = False, batches: bool = False) -> None:
         super().__init__(core, ranks, operation, arch=arch, model_bytes=model_bytes, drain=drain,
                          servers=servers, bigarray_bound=bigarray_bound)
+        self._batches = batches
         self._stay_out_bound = stay_out_bound
         self._pass_through_margin = pass_through_margin
         self._weighs_fusion = weighs_fusion
@@ -193,6 +196,7 @@ class StartupPlan(StartObserver):
         try:
             partition = self._ranks.broadcast_int(_encode(chosen.partition_bytes))
             credit = self._ranks.broadcast_int(_encode(chosen.credit_bytes))
+            batch = self._ranks.broadcast_int(int(chosen.batch_bytes))
             fused = self._ranks.broadcast_int(KEEP_FUSION_CODE if fusion is None else int(fusion))
             through = self._ranks.broadcast_int(through)
         except ChannelError:
@@ -201,7 +205,7 @@ class StartupPlan(StartObserver):
             log.warning("bytesched plan: rank %d could not receive rank 0's plan (%s); staying out of the way",
                         self._ranks.rank, exc)
             return PlanOutcome(STAY_OUT, step, "staying out of the way: the plan's broadcast failed")
-        params = SchedulingParams(partition_bytes=_decode(partition), credit_bytes=_decode(credit))
+        params = SchedulingParams(partition_bytes=_decode(partition), credit_bytes=_decode(credit), batch_bytes=batch)
         self.stay_out_fusion = None if fused == KEEP_FUSION_CODE else fused
         outcome = PlanOutcome(params, step, summary, self.stay_out_fusion if params == STAY_OUT else None,
                               through != STAYS_ON_PATH, through != PASSES_THROUGH_UNMEASURED)
@@ -229,6 +233,9 @@ class StartupPlan(StartObserver):
         chosen = _params_of(plan)
         summary = (f"{job.describe(self.operation_name)}; chose {plan.describe()}, predicted "
                    f"{plan.predicted_speedup:.2f}x over staying out (planned in {seconds:.2f} s)")
+        if self._batches and chosen != STAY_OUT:
+            chosen, note = self._weigh_batching(plan, job, network)
+            summary += f"; {note}"
         if plan.policy == "fifo":
             summary += (f"; the best sizes predicted {plan.sized_gain:.2f}x"
                         + ("; passing through" if plan.passes_through else ""))
@@ -247,7 +254,20 @@ class StartupPlan(StartObserver):
         pays, ratio = fusion_pays(plan, job.profile, job.cluster, bound)
         if pays:
             return bound, f"{_fused(bound)} (predicted {ratio:.2f}x the time in the observed tasks)"
-        return None, f"the observed tasks kept (fused into tasks filled to {format_size(bound)}: predicted {ratio:.2f}x their time)"
+        return None, (f"the observed tasks kept (fused into tasks filled to {format_size(bound)}: "
+                      f"predicted {ratio:.2f}x their time)")
+
+    @staticmethod
+    def _weigh_batching(plan: Plan, job: ObservedJob, network: NetworkCost) -> tuple[SchedulingParams, str]:
+        """Rank 0: the sized ``plan``'s sizes, with the calibration's batching threshold where the
+        simulator predicts batching while busy faster; and the words that say what was weighed."""
+        threshold = network.batch_threshold()
+        if threshold < 1:
+            return plan.params, "no batching (the calibration found no fixed cost per operation)"
+        pays, ratio = batching_pays(plan, job.profile, job.cluster, threshold)
+        verdict = "batching" if pays else "not batching"
+        note = f"{verdict} pieces under {format_size(threshold)} while busy (predicted {ratio:.2f}x the time)"
+        return (dataclasses.replace(plan.params, batch_bytes=threshold) if pays else plan.params), note
 
     def _sized_margin(self) -> float:
         """The predicted gain a sized plan needs over staying out of the way on this backend."""

@@ -2,11 +2,9 @@
 
 The plan predicts from one observed step and two timed operations; where the network is noisy
 while it times them, or the simulator misses a cost (the Core's work per partition, the channel's
-announcements), sizes predicted to gain can lose: on 2 emulated parameter-server workers at
-2.5 Gbit/s, a plan that chose sizes from a disturbed calibration (16 MB timed in 219 ms instead of
-about 110) ran ResNet50 at 0.82x the plain store (docs/benchmarks.md). A job that keeps sizes
-should have seen them win. So, after a sized plan, every rank runs :data:`~.path_trial.TRIAL_STEPS`
-steps on its sizes, then as many staying out (no partitioning, no credit limit) on the
+announcements), sizes predicted to gain can lose (docs/plan.md, "2-13, where sizes were chosen").
+A job that keeps sizes should have seen them win. So, after a sized plan, every rank runs
+:data:`~.path_trial.TRIAL_STEPS` steps on its sizes, then as many staying out (no partitioning, no credit limit) on the
 framework's own path (passing through), the first step of each left out, and keeps the sizes
 only if they ran faster by :data:`~.path_trial.CORE_MARGIN`: otherwise it stays on the
 framework's own path, the baseline a user runs without bytesched (in the fusion a plan that
@@ -49,18 +47,15 @@ def wants_trial(config: Config, arch: str, announced_on_cpu: bool = False) -> bo
     server (``arch="ps"``) and over an all-reduce whose followers wait for rank 0's announced order
     with the gradients on the CPU (``announced_on_cpu``: torch.distributed), not over Horovod.
 
-    Why the backends differ: a sized plan that lost was measured on a parameter server (above),
-    never over Horovod. Over torch.distributed every partition also waits for rank 0's
-    announcement, which the simulator does not model, so untried sizes need a 1.25x prediction
-    (:data:`~.plan.RANK0_ORDER_MARGIN`), which left 4-rank jobs at 0.5-1 Gbit/s staying out at
-    1.00x-1.04x of DDP; tried, their sizes need 1.05x (:data:`~.plan.RANK0_TRIED_MARGIN`) and ran
-    at 1.13x-1.21x at 0.5 Gbit/s. On a GPU it is not the default there: every sized plan measured
-    there lost (the margin's note), and none was measured with a trial. Over Horovod a trial that
-    keeps the sizes can leave the job slower than the same sizes untried, for as long as it was
-    measured. On 2 emulated ranks at 1 Gbit/s, MXNet's ResNet50 kept its 1 MB / 2 MB sizes in
-    every trial and then ran at 1.11x plain Horovod, against 1.20x untried with the same sizes
-    (and still 0.91x of untried 15 steps after the trial); Horovod's response cache takes part: with ``HOROVOD_CACHE_CAPACITY=0`` the
-    gap fell to 2-4 % (docs/benchmarks.md)."""
+    Why the backends differ: a sized plan that lost was measured on a parameter server, never
+    over Horovod. Over torch.distributed every partition also waits for rank 0's announcement,
+    which the simulator does not model, so untried sizes need a larger predicted gain
+    (:data:`~.plan.RANK0_ORDER_MARGIN`) than tried ones (:data:`~.plan.RANK0_TRIED_MARGIN`), and
+    tried sizes ran faster than staying out. On a GPU it is not the default there: every sized
+    plan measured there lost, and none was measured with a trial. Over Horovod a trial that keeps
+    the sizes can leave the job slower than the same sizes untried, for as long as it was
+    measured (Horovod's response cache takes part). The figures: docs/plan.md ("What it costs")
+    and docs/experiments/plan-trial.md."""
     if config.plan_trial is not None:
         return config.plan_trial
     return arch == "ps" or announced_on_cpu

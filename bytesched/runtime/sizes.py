@@ -97,9 +97,10 @@ class SizeSwitches:
             params = self.planning.on_step(step)
             if self.planning.done:
                 planning, self.planning = self.planning, None
-                self.plan = planning.outcome
-                if isinstance(planning, StartupPlan) and planning.tries_sizes and self.plan.params != STAY_OUT:
-                    self.trial = PlanTrial(self.plan, planning.ranks, now, planning.stay_out_fusion)
+                plan = self.plan = planning.outcome
+                if isinstance(planning, StartupPlan) and planning.tries_sizes and plan is not None \
+                        and plan.params != STAY_OUT:
+                    self.trial = PlanTrial(plan, planning.ranks, now, planning.stay_out_fusion)
         if self.tuning is not None:
             params = self.tuning.on_step(step, samples, now)
             if self.tuning.done:  # the session logged the kept sizes

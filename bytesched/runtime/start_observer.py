@@ -78,13 +78,14 @@ class StartObserver:
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
-                 drain: Callable[[], None], servers: int | None = None, bigarray_bound: int | None = None) -> None:
+                 drain: Callable[[], object], servers: int | None = None, bigarray_bound: int | None = None) -> None:
         self._core = core
         self._ranks = ranks
         self._operation = operation
         self._arch = arch
         self.operation_name = "push+pull" if arch == "ps" else "all-reduce"
-        self._ps_options = {} if servers is None else {"servers": servers, "bigarray_bound": bigarray_bound}
+        self._ps_options: dict[str, Any] = \
+            {} if servers is None else {"servers": servers, "bigarray_bound": bigarray_bound}
         self._large_bytes = large_bytes_for(model_bytes)
         self._model_bytes = model_bytes
         self._drain = drain
@@ -156,7 +157,8 @@ class StartObserver:
         tasks = self._recorder.step(start, end)
         profile = measured_profile(tasks, start)
         striped = not self._ps_options or self._large_bytes // 4 >= self._ps_options["bigarray_bound"]
-        options = network.simulator_options(self._arch, self._ranks.size, self._ps_options.get("servers"), striped)
+        options: dict[str, Any] = network.simulator_options(self._arch, self._ranks.size,
+                                                            self._ps_options.get("servers"), striped)
         cluster = make_cluster(arch=self._arch, workers=self._ranks.size, bucket_bytes=0, **options, **self._ps_options)
         return ObservedJob(len(tasks), profile, cluster, network)
 

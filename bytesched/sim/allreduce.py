@@ -129,8 +129,9 @@ class Allreduce:
         self.submit_collective(sub.key, sub.nbytes, ALLREDUCE, done)
 
     def submit_collective(self, key: Hashable, nbytes: float, kind: str, done: Done) -> None:
-        """One worker class submitted the collective ``key`` of ``nbytes`` and ``kind``; it runs
-        once every class did, after the collectives every class submitted before."""
+        """One worker class submitted the collective ``key`` of ``nbytes`` and ``kind`` (a
+        sub-task's, a batch of them under its first one's key, or a decoupled all-reduce's half);
+        it runs once every class did, after the collectives every class submitted before."""
         pending = self._pending.get(key)
         if pending is None:
             pending = self._pending[key] = _Pending(nbytes, kind)

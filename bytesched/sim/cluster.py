@@ -49,7 +49,7 @@ def parse_bandwidth(text: str | float, *, name: str = "bandwidth") -> float:
         if scale is None:
             raise ConfigError(f"{name}={text!r} is not a bandwidth: expected e.g. 10Gbps, 25Gbit/s, "
                               f"1.25GB/s or a number of bytes per second")
-        value = float(m.group(1)) * scale  # type: ignore[union-attr]
+        value = float(m.group(1)) * scale  # type: ignore[union-attr]  # matched: scale is set
     if not (value > 0 and (math.isfinite(value) or value == math.inf)):
         raise ConfigError(f"{name}={text!r} must be a positive bandwidth")
     return value

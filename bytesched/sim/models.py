@@ -91,7 +91,8 @@ class _ResNet50(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        for stage in range(1, 5):
+            x = getattr(self, f"layer{stage}")(x)
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 

@@ -274,7 +274,7 @@ class Fabric(ABC):
                 return
         touched: dict[SharedLink, list[Flow]] = {g: [] for g in groups}
         for flow in flows:
-            touched.setdefault(flow.shared, []).append(flow)  # type: ignore[arg-type]
+            touched.setdefault(flow.shared, []).append(flow)
         for shared, own in touched.items():
             self._update_shared(shared, own, now)
 
@@ -290,7 +290,7 @@ class Fabric(ABC):
         if new > old:  # flows it held back may now be held back by their worker's link
             check = own + [f for f in shared.bound if f.link is not None and f.link.capacity / f.link.load < new]
         elif new < old and shared.free:
-            check = own + [f for f in shared.free if f.link.capacity / f.link.load > new]  # type: ignore[union-attr]
+            check = own + [f for f in shared.free if f.link.capacity / f.link.load > new]  # type: ignore[union-attr]  # free: linked
         for flow in check:
             self._classify(flow, shared, now)
         # re-time it: its earliest bound flow's mark (dropping stale marks) or free flow's finish
@@ -422,7 +422,7 @@ class FullDuplexFabric(Fabric):
             shared.load = top + spread
             for link in busy:  # every server's load changed
                 if link is not shared:
-                    link.load = own[link.key[1]] + spread  # type: ignore[index]
+                    link.load = own[link.key[1]] + spread  # type: ignore[index]  # (side, server) keys
             return list(busy)
         load = own[flow.server] + sign * flow.weight
         own[flow.server] = load = load if load > 0.0 else 0.0  # max(0.0, load), without the call

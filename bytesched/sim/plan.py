@@ -26,6 +26,8 @@ to the framework's own path.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from ..core.config import UNLIMITED, SchedulingParams
@@ -56,7 +58,7 @@ Fewer tasks save each collective's CPU, which the simulator does not model; larg
 communicating later, which it does. On 4 emulated CPU ranks over torch.distributed, tasks of a
 quarter of the model ran at DDP's speed with less CPU at 2.5-10 Gbit/s, and the Transformer at
 1 Gbit/s, where communication lasts about as long as the backward pass, at 0.90x-0.95x where its
-1 MB tasks had run at 0.99x-1.01x (docs/benchmarks.md)."""
+1 MB tasks had run at 0.99x-1.01x (docs/experiments/torch-distributed.md)."""
 FINE_PARTITIONS = (250_000, 500_000)
 """The partitions below a megabyte a parameter server's plan also weighs, each at every credit of
 :data:`FINE_CREDITS`. A server holds each partition's key, so finer partitions spread a worker's
@@ -64,7 +66,7 @@ pushes over more servers' links, and a push preempts sooner. On the emulated par
 4 workers at 0.5 Gbit/s (24 MB of gradients), plans on them ran ResNet50, VGG16 and the
 Transformer at 1.40x, 1.63x and 1.59x the plain store, where megabyte plans ran 1.20x, 1.17x and
 1.36x side by side; at 1 Gbit/s ResNet50 gained 2-7 % and the Transformer lost 10 %
-(docs/benchmarks.md, "Finer partitions on the parameter server"). On all-reduce the simulator
+(docs/experiments/finer-partitions.md). On all-reduce the simulator
 predicted at most 4 % more from them on the emulated cells, where every piece is a collective
 whose CPU (Horovod's cycle, Gloo's threads) it models only in part: they are not weighed there."""
 FINE_CREDITS = (4_000_000, 8_000_000)
@@ -143,7 +145,8 @@ class Plan:
         """One line for a log: what was chosen."""
         if self.policy == "fifo":
             return "fifo: no partitioning, no credit limit (no predicted gain from scheduling)"
-        return (f"bytescheduler: {self.params.partition_bytes / 1e6:g} MB partitions, "
+        partition = self.params.partition_bytes / 1e6  # type: ignore[operator]  # a sized plan's is set
+        return (f"bytescheduler: {partition:g} MB partitions, "
                 f"{self.params.credit_bytes / 1e6:g} MB credit" + (", decoupled all-reduce" if self.decoupled else ""))
 
 
@@ -201,6 +204,23 @@ def fusion_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, fusion_byte
     fused = search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
     ratio = fused / plan.stay_out_iteration_time
     return ratio <= 1 + FUSION_MARGIN, ratio
+
+
+BATCHING_MARGIN = 0.01
+"""The predicted gain batching while busy needs over the plan's sizes without it."""
+
+
+def batching_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, batch_bytes: int) -> tuple[bool, float]:
+    """Whether a sized ``plan`` (made for ``profile`` on ``cluster``) gains by batching pieces under
+    ``batch_bytes`` while busy on a backend that runs every collective alone (torch.distributed,
+    whose followers start rank 0's batches): predicted faster by :data:`BATCHING_MARGIN`. Returns
+    that and the predicted ratio of the iteration times (batched over not)."""
+    alone = dataclasses.replace(cluster, fusion_threshold=0)
+    base = search_seconds(profile, alone, plan.policy, plan.params, plan.decoupled)
+    batched = search_seconds(profile, alone, plan.policy, dataclasses.replace(plan.params, batch_bytes=batch_bytes),
+                             plan.decoupled)
+    ratio = batched / base
+    return ratio <= 1 - BATCHING_MARGIN, ratio
 
 
 def search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams,

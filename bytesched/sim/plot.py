@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never open a window
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .cluster import format_bandwidth  # noqa: E402
-from .options import format_value  # noqa: E402
-from .simulator import VANILLA  # noqa: E402
+from .cluster import format_bandwidth
+from .options import format_value
+from .simulator import VANILLA
 
 if TYPE_CHECKING:
     from .predict import Report
@@ -59,7 +59,7 @@ def _lines(report: "Report", left: plt.Axes, right: plt.Axes, policies: list[str
     x = list(range(len(report.predictions)))
     labels = [format_value(variable, p.sweep_value) for p in report.predictions]
     for i, name in enumerate(policies):
-        style = {"color": "0.45", "linestyle": ":"} if name == VANILLA else {"color": f"C{i}"}
+        style: dict[str, Any] = {"color": "0.45", "linestyle": ":"} if name == VANILLA else {"color": f"C{i}"}
         left.plot(x, [p.result(name).throughput for p in report.predictions], marker="o", label=name, **style)
         right.plot(x, [p.result(name).speedup for p in report.predictions], marker="o", label=name, **style)
     left.plot(x, [p.samples_per_second(p.ideal_time) for p in report.predictions], "k--", label="ideal")

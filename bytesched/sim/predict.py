@@ -157,7 +157,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         elif variable == "credit":
             cred = value
         elif variable is not None:
-            point = replace(base, **{variable: value})
+            changes: dict[str, Any] = {variable: value}
+            point = replace(base, **changes)
         params = make_params(part, cred)
         prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune,
                              breakdown=breakdown, decoupled=decoupled)
@@ -226,11 +227,14 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     c = p.cluster
     where = f"{c.workers} workers, {c.arch}"
     if c.arch == "ps":
-        where += f" ({c.num_servers} servers, {c.assignment} placement{', asynchronous' if c.asynchronous else ''})"
-    where += f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, latency {c.latency * 1e6:g}us"
+        where += (f" ({c.num_servers} servers, {c.assignment} placement"
+                  f"{', asynchronous' if c.asynchronous else ''})")
+    where += (f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, "
+              f"latency {c.latency * 1e6:g}us")
     if c.worker_specs:
         where += ", " + "; ".join(f"rank {r}: compute x{s.compute:g}" +
-                                  (f" {format_bandwidth(s.bandwidth)}" if s.bandwidth else "") for r, s in c.worker_specs)
+                                  (f" {format_bandwidth(s.bandwidth)}" if s.bandwidth else "")
+                                  for r, s in c.worker_specs)
     title = f"{p.profile.name} on {where}"
     if sweep_variable is not None:
         title = f"[{sweep_variable} = {format_value(sweep_variable, p.sweep_value)}] " + title

@@ -177,7 +177,8 @@ def _validate(profile: ModelProfile, *, origin: str) -> None:
     for layer in profile.layers:
         for value, what in ((layer.forward, "forward"), (layer.backward, "backward"), (layer.update, "update")):
             if not (math.isfinite(value) and value >= 0):
-                raise ProfileError(f"layer {layer.name!r}: {what} time must be a finite number of seconds >= 0, got {value!r}")
+                raise ProfileError(f"layer {layer.name!r}: {what} time must be a finite number of seconds >= 0, "
+                                   f"got {value!r}")
         for tensor in layer.tensors:
             if tensor.name in seen:
                 raise ProfileError(f"layer {layer.name!r}: tensor name {tensor.name!r} is used twice")

@@ -27,9 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     how = p.add_mutually_exclusive_group()
     how.add_argument("--measure", action="store_true",
                      help="time the model with hooks on the device named by --on (CUDA: with CUDA events)")
-    how.add_argument("--device", default="V100", help=f"count FLOPs and convert at this GPU's peak ({', '.join(DEVICES)})")
+    how.add_argument("--device", default="V100",
+                     help=f"count FLOPs and convert at this GPU's peak ({', '.join(DEVICES)})")
     p.add_argument("--on", default="auto", metavar="DEVICE",
-                   help="with --measure: cpu, cuda, cuda:N, or auto (default: the current CUDA device if any, else cpu)")
+                   help="with --measure: cpu, cuda, cuda:N, or auto (default: the current CUDA device if any, "
+                        "else cpu)")
     p.add_argument("--precision", default="fp32",
                    help="fp32, tf32, fp16, bf16 (default fp32): the peak to convert FLOPs at; with --measure, "
                         "the arithmetic timed (tf32 matmuls on CUDA; fp16/bf16 autocast forward)")

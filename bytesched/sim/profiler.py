@@ -235,7 +235,7 @@ def measure_profile(name: str, model: nn.Module, make_inputs: Callable[[int, str
     backward = [statistics.median(step[1][i] for step in steps) for i in range(len(owners))]
     layers = tuple(Layer(_layer_name(o, model), f, b, _tensors(o)) for o, f, b in zip(owners, forward, backward))
     if where.type == "cuda":
-        on = {"device": torch.cuda.get_device_name(where), "clock": "cuda events"}
+        on: dict[str, Any] = {"device": torch.cuda.get_device_name(where), "clock": "cuda events"}
     else:
         on = {"device": "cpu", "threads": torch.get_num_threads(), "clock": "wall"}
     source = {"method": "measured", **on, "precision": precision, "torch": torch.__version__,
@@ -313,7 +313,7 @@ def _loss(output: Any) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         return output.float().sum()
     if isinstance(output, (tuple, list)):
-        return sum(_loss(o) for o in output)  # type: ignore[return-value]
+        return sum(_loss(o) for o in output)  # type: ignore[return-value]  # 0 + tensors: a tensor
     if isinstance(output, dict):
-        return sum(_loss(o) for o in output.values())  # type: ignore[return-value]
+        return sum(_loss(o) for o in output.values())  # type: ignore[return-value]  # as above
     raise TypeError(f"cannot make a loss from a model output of type {type(output).__name__}")

@@ -81,7 +81,8 @@ def plugin_layout(plans: Sequence[TensorPlan], num_servers: int, bigarray_bound:
     laid_out = []
     for index, plan in enumerate(plans):
         layout = table.add(index, (plan.nbytes // ELEMENT_BYTES,), "float32", partition_bytes)
-        pieces = tuple((piece, mxnet_server_of(key, num_servers)) for piece, key in zip(layout.ranges, layout.server_keys))
+        pieces = tuple((piece, mxnet_server_of(key, num_servers))
+                       for piece, key in zip(layout.ranges, layout.server_keys))
         laid_out.append(dataclasses.replace(plan, pieces=pieces))
     return laid_out
 

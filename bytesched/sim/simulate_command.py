@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bucket-bytes", help="bytesched's tensor fusion of scheduled all-reduce "
                    "(BYTESCHED_FUSION_BYTES of the PyTorch plugin and MXNet over Horovod, e.g. 1MB; default: none)")
     p.add_argument("--policy", default=",".join([*SIMULATED_POLICIES, PLAN]),
-                   help=f"comma-separated policies (default all: {','.join(SIMULATED_POLICIES)}; tictac is "
-                        f"simulator-only) and {PLAN} (the sizes a job gets with no settings, chosen by "
+                   help=f"comma-separated policies (default all: {','.join(SIMULATED_POLICIES)}; tictac: TAC "
+                        f"on the profile's layer chain) and {PLAN} (the sizes a job gets with no settings, chosen by "
                         "simulating it); vanilla always runs")
     p.add_argument("--partition", help="partition size, e.g. 4MB (default: each policy's own)")
     p.add_argument("--credit", help="credit size, e.g. 16MB (default 16MB)")

@@ -26,7 +26,7 @@ from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Po
 from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
 from ..core.scheduler import Scheduler
 from ..core.task import SubTask, fusion_runs, split_elements
-from .allreduce import Allreduce, CollectiveCost
+from .allreduce import ALLREDUCE, Allreduce, CollectiveCost
 from .decoupled import DecoupledAllreduce
 from .cluster import Cluster, WorkerSpec
 from .engine import EventLoop
@@ -89,6 +89,9 @@ class _AllreduceBackend:
 
     def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
         self.ring.submit(sub, done)
+
+    def start_batch(self, klass: int, batch: Sequence[SubTask], done: Callable[[], None]) -> None:
+        self.ring.submit_collective(batch[0].key, sum(sub.nbytes for sub in batch), ALLREDUCE, done)
 
 
 class _PSBackend:
@@ -222,8 +225,11 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes), overhead=cluster.overhead,
                                              latency=cluster.latency, asynchronous=cluster.asynchronous))
 
-    # all-reduce runs as over Horovod; an asynchronous store's workers each start on readiness
-    need = "ps" if cluster.arch == "ps" and not cluster.asynchronous else "immediate"
+    # All-reduce runs as over Horovod, or, batching while busy, as over torch.distributed: every
+    # rank starts rank 0's batches, in its order. An asynchronous store's workers each start on
+    # readiness.
+    batching = not vanilla and cluster.arch == "allreduce" and params.batch_bytes > 0
+    need = "ps" if cluster.arch == "ps" and not cluster.asynchronous else "rank0" if batching else "immediate"
     follow_rank0 = not vanilla and order_mode(leader_policy, need=need, world_size=cluster.workers) == "rank0"
     workers: list[WorkerClass] = []
     for index, (spec, _ranks) in enumerate(classes):
@@ -238,7 +244,8 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         workers.append(WorkerClass(index, loop, profile, plans, Scheduler(policy_object), backend,
                                    compute_scale=spec.compute, barrier=vanilla,
                                    update_on_device=cluster.arch == "allreduce",
-                                   gather=backend if isinstance(backend, DecoupledAllreduce) else None))
+                                   gather=backend if isinstance(backend, DecoupledAllreduce) else None,
+                                   batches=backend if batching and isinstance(backend, _AllreduceBackend) else None))
     leader = workers[0]
     if follow_rank0:
         leader.followers = workers[1:]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from ..core.scheduler import Scheduler
-from ..core.task import CommTask, SubTask, split_elements
+from ..core.policies.follow import announcement
+from ..core.task import CommTask, SubTask, split_elements, start_operation
 from .engine import Event, EventLoop
 from .profile import ELEMENT_BYTES, ModelProfile
 
@@ -27,6 +28,13 @@ class Backend(Protocol):
 
     def start(self, klass: int, sub: SubTask, task: "SimCommTask", done: Callable[[], None]) -> None:
         """Communicate ``sub`` for every worker of ``klass``; call ``done`` when it completed."""
+
+
+class BatchingBackend(Backend, Protocol):
+    """A backend that also runs several sub-tasks as one operation (batching while busy)."""
+
+    def start_batch(self, klass: int, batch: Sequence[SubTask], done: Callable[[], None]) -> None:
+        """Communicate ``batch`` as one operation for every worker of ``klass``; ``done`` when it completed."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class SimCommTask(CommTask):
         self.plan = plan
         self.worker = worker
         self.iteration = worker.iteration
+        self.batcher = worker.batcher
 
     def partition(self, size: float) -> list[tuple[tuple[int, int], int]]:
         if self.plan.pieces is not None:  # laid out at ``size`` already, as the plugin does at init
@@ -98,18 +107,38 @@ class Gather(Protocol):
         """``worker`` begins the forward pass that follows ``iteration``."""
 
 
+class _Batcher:
+    """A worker class's :class:`~bytesched.core.task.Batcher`: a batch is one operation of the
+    simulated backend, and each of its sub-tasks finishes when it does."""
+
+    def __init__(self, worker: "WorkerClass", backend: BatchingBackend) -> None:
+        self.worker = worker
+        self.backend = backend
+
+    def start_batch(self, batch: Sequence[SubTask]) -> None:
+        worker = self.worker
+
+        def done() -> None:
+            for sub in batch:
+                worker.finished(sub)
+        self.backend.start_batch(worker.index, batch, done)
+
+
 class WorkerClass:
     """A group of identical workers simulated as one: compute chain plus Scheduler driver."""
 
     def __init__(self, index: int, loop: EventLoop, profile: ModelProfile, plans: Sequence[TensorPlan],
                  scheduler: Scheduler, backend: Backend, *, compute_scale: float, barrier: bool,
-                 update_on_device: bool, gather: Gather | None = None) -> None:
+                 update_on_device: bool, gather: Gather | None = None,
+                 batches: BatchingBackend | None = None) -> None:
         self.index = index
         self.loop = loop
         self.scheduler = scheduler
         self.backend = backend
         self.gather = gather
         self.barrier = barrier
+        self.batcher = None if batches is None else _Batcher(self, batches)
+        """Where its tasks' sub-tasks start in batches (batching while busy), or None."""
         layers = profile.layers
         self.forward = [layer.forward * compute_scale for layer in layers]
         self.backward = [layer.backward * compute_scale for layer in layers]
@@ -248,11 +277,11 @@ class WorkerClass:
     def _start(self, started: list[SubTask]) -> None:
         if started:
             if self.followers:
-                keys = [sub.key for sub in started]
+                keys = announcement(started)
                 for follower in self.followers:
                     follower.announce(keys)
             for sub in started:
-                sub.task.start(sub)
+                start_operation(sub)
         self._arm_tick()
 
     # -- policies that want to be woken (time windows) ----------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from skopt import Optimizer
@@ -176,7 +176,7 @@ class BayesianSearch:
         recent = self.gains[-STOP_PATIENCE:]
         return self.trials >= self.min_trials and all(g < self.min_gain for g in recent)
 
-    def _model(self):  # type: ignore[no-untyped-def]
+    def _model(self) -> Any:
         models = self._optimizer.models
         return models[-1] if models else None
 

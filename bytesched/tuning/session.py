@@ -95,7 +95,7 @@ class TuningSession:
         self._arrived = threading.Condition()
         self._due: int | None = None  # None until the first step; then (followers) when a switch is due
         if rank != 0 and channel is not None:
-            channel.subscribe(SWITCH, self._receive)  # type: ignore[union-attr]
+            channel.subscribe(SWITCH, self._receive)  # type: ignore[union-attr]  # a follower's
 
     @property
     def done(self) -> bool:
@@ -120,7 +120,7 @@ class TuningSession:
         self._due = step + self.first_wait
         if self.opening is None:
             return None
-        switch = Switch(0, step, int(self.opening.partition_bytes), int(self.opening.credit_bytes),  # type: ignore[arg-type]
+        switch = Switch(0, step, int(self.opening.partition_bytes), int(self.opening.credit_bytes),  # type: ignore[arg-type]  # set
                         self._due)
         self._apply(switch)
         if self.rank == 0 and self._channel is not None:
@@ -131,10 +131,10 @@ class TuningSession:
 
     # -- rank 0 -------------------------------------------------------------------------------
     def _lead(self, step: int, samples: float, now: float) -> SchedulingParams | None:
-        switch = self._decider.on_step(step, samples, now)  # type: ignore[union-attr]
+        switch = self._decider.on_step(step, samples, now)  # type: ignore[union-attr]  # rank 0 has one
         if switch is not None:
             if self._channel is not None:
-                self._channel.broadcast(SWITCH, switch.to_body())  # type: ignore[union-attr]
+                self._channel.broadcast(SWITCH, switch.to_body())  # type: ignore[union-attr]  # rank 0's: a leader
             self._announced.append(switch)
         applied = None
         while self._announced and self._announced[0].step <= step:
@@ -149,7 +149,7 @@ class TuningSession:
     def _check_confirmations(self, switch: Switch) -> None:
         """Every follower applied ``switch`` at its step, with its sizes; else fail naming them."""
         try:
-            reports = self._channel.gather(APPLIED, timeout=self.timeout)  # type: ignore[union-attr]
+            reports = self._channel.gather(APPLIED, timeout=self.timeout)  # type: ignore[union-attr]  # rank 0's
         except Exception as exc:  # ChannelError: a follower is missing or the channel failed
             raise TuningProtocolError(f"rank 0 did not get every rank's confirmation of tuning trial "
                                       f"{switch.trial} (step {switch.step}): {exc}") from exc
@@ -188,7 +188,7 @@ class TuningSession:
         return switch.params
 
     def _confirm(self, switch: Switch, step: int) -> None:
-        self._channel.report(APPLIED, Applied(self.rank, switch.trial, step, switch.partition,  # type: ignore[union-attr]
+        self._channel.report(APPLIED, Applied(self.rank, switch.trial, step, switch.partition,  # type: ignore[union-attr]  # a follower's
                                               switch.credit).to_body())
 
     def _wait_for_switch(self, step: int) -> Switch:
@@ -254,7 +254,7 @@ def _leader_decider(config: Config, plan: TrialPlan, space: SearchSpace, opening
 
     search = BayesianSearch(space, seed=config.tuning_seed, xi=config.tuning_xi)
     if loaded is not None:
-        search.suggest(space.nearest(loaded, loaded.partition_bytes), "loaded")  # type: ignore[arg-type]
+        search.suggest(space.nearest(loaded, loaded.partition_bytes), "loaded")  # type: ignore[arg-type]  # set
     predictions = None
     if config.tuning_profile or config.tuning_bandwidth:
         predictions = background_predictions(config, space, world_size)

@@ -94,7 +94,8 @@ class SearchSpace:
     def describe(self, point: Point) -> str:
         """``partition 4MB, credit 16MB`` for logs."""
         params = self.params(point)
-        return f"partition {format_size(params.partition_bytes)}, credit {format_size(params.credit_bytes)}"
+        partition = format_size(params.partition_bytes)  # type: ignore[arg-type]  # lattice sizes are set
+        return f"partition {partition}, credit {format_size(params.credit_bytes)}"
 
 
 SPACES: dict[str, SearchSpace] = {

@@ -76,7 +76,7 @@ class FixedChoice:
         if self._announced:
             return None
         self._announced = True
-        return Switch(0, step + self.lead, int(self.params.partition_bytes),  # type: ignore[arg-type]
+        return Switch(0, step + self.lead, int(self.params.partition_bytes),  # type: ignore[arg-type]  # sizes set
                       int(self.params.credit_bytes), None)
 
 
@@ -135,12 +135,12 @@ class Tuner:
             raise TuningProtocolError(f"rank 0 reached step {step} without a call at step {decide_at}, where it "
                                       f"had to announce the switch of step {trial.next_step}: call on_step every step")
         throughput = self._measure(trial, decide_at)
-        self.search.tell(self._point, throughput)  # type: ignore[arg-type]
+        self.search.tell(self._point, throughput)  # type: ignore[arg-type]  # set by _start_trial
         self._best_measured = max(self._best_measured, throughput)
         if self._log is not None:
             self._log.trial(trial.trial, trial.params, throughput, self._best_measured, self._source)
         log.info("bytesched tuning: trial %d (%s) ran at %.1f samples/s", trial.trial,
-                 self.search.space.describe(self._point), throughput)  # type: ignore[arg-type]
+                 self.search.space.describe(self._point), throughput)  # type: ignore[arg-type]  # as above
         if self.search.trials >= self.max_trials or self.search.should_stop():
             return self._finish(trial.trial + 1, trial.next_step)
         self._take_predictions()
@@ -156,7 +156,7 @@ class Tuner:
     def _start_trial(self, index: int, step: int, choice: tuple[Point, str]) -> Switch:
         self._point, self._source = choice
         params = self.search.space.params(self._point)
-        self._trial = Switch(index, step, int(params.partition_bytes), int(params.credit_bytes),  # type: ignore[arg-type]
+        self._trial = Switch(index, step, int(params.partition_bytes), int(params.credit_bytes),  # type: ignore[arg-type]  # lattice
                              step + self.plan.steps_per_trial)
         return self._trial
 
@@ -167,9 +167,10 @@ class Tuner:
             self._log.best(params, throughput)
             self._log.close()
         log.info("bytesched tuning: finished after %d trials; keeping partition %s, credit %s (%.1f samples/s)",
-                 self.search.trials, format_size(params.partition_bytes), format_size(params.credit_bytes),
+                 self.search.trials, format_size(params.partition_bytes),  # type: ignore[arg-type]  # lattice sizes
+                 format_size(params.credit_bytes),
                  throughput)
-        self.final = Switch(index, step, int(params.partition_bytes), int(params.credit_bytes), None)  # type: ignore[arg-type]
+        self.final = Switch(index, step, int(params.partition_bytes), int(params.credit_bytes), None)  # type: ignore[arg-type]  # lattice
         return self.final
 
     def _take_predictions(self) -> None:

@@ -10,7 +10,7 @@ import sys
 
 # torch must be imported before horovod.mxnet: with torch 2.13, mxnet 1.9.1 and horovod 0.28.1,
 # `import horovod.mxnet; import torch` segfaults while loading torch._C.
-import torch  # noqa: I001  (keep first)
+import torch
 import horovod.mxnet as hvd_mx
 import horovod.torch as hvd
 import mxnet as mx

@@ -9,7 +9,10 @@ also prints ``HVD MXNET KEPT rank=R optimizer=O partition=P credit=C`` (``none``
 had not ended). With no sizes set (the start-up plan), each scheduled run prints ``HVD MXNET PLAN
 rank=R optimizer=O step=S partition=P credit=C passes_through=B`` (``none`` if no plan was
 applied) and ``HVD MXNET TRIAL rank=R optimizer=O core_ms=C own_ms=W passes_through=B``
-(``none`` if the plan's sizes were not tried). ``--steps`` sets the training steps (12);
+(``none`` if the plan's sizes were not tried). ``--blocks N`` trains N layers named layer2 ...
+layer(N+1) instead of the MLP, and each scheduled run prints ``HVD MXNET ORDER rank=R optimizer=O
+NAMES``: the parameters in the order of its priorities (``given`` where it kept the Trainer's
+index). ``--steps`` sets the training steps (12);
 ``--plan forced`` and ``--trial keep|leave`` replace rank 0's plan and the medians its trial
 measures (``tests/scripts/plan_cases.py``).
 """
@@ -29,9 +32,13 @@ OPTIMIZERS = {"sgd": {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3},
               "adam": {"learning_rate": 0.01, "wd": 1e-3}}
 
 
-def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
+def train(scheduled: bool, optimizer: str, steps: int, blocks: int | None) -> list[np.ndarray]:
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(48, activation="relu", in_units=32), gluon.nn.Dense(10, in_units=48))
+    if blocks is None:
+        net.add(gluon.nn.Dense(48, activation="relu", in_units=32), gluon.nn.Dense(10, in_units=48))
+    else:  # layer2 ... layer(blocks+1): by name, layer10 comes before layer2
+        net.add(*(gluon.nn.Dense(10 if i == blocks + 1 else 16, activation=None if i == blocks + 1 else "relu",
+                                 in_units=32 if i == 2 else 16, prefix=f"layer{i}_") for i in range(2, blocks + 2)))
     mx.random.seed(3)
     net.initialize(mx.init.Xavier())
     params = net.collect_params()
@@ -51,6 +58,10 @@ def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
         loss.backward()
         trainer.step(16)
     weights = [p.data().asnumpy() for p in params.values()]
+    if scheduled and blocks is not None:
+        order = opt.priority_order
+        names = "given" if order is None else ",".join(trainer._params[index].name for index in order)
+        print(f"HVD MXNET ORDER rank={hvd.rank()} optimizer={optimizer} {names}", flush=True)
     if scheduled and opt._config.plan:
         plan = opt.plan
         applied = "none" if plan is None else \
@@ -71,6 +82,7 @@ def train(scheduled: bool, optimizer: str, steps: int) -> list[np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--blocks", type=int, default=None)
     parser.add_argument("--plan", choices=PLANS, default="measured")
     parser.add_argument("--trial", choices=TRIALS, default="measured")
     args = parser.parse_args()
@@ -79,8 +91,8 @@ def main() -> None:
     replace_trial(args.trial)
     hvd.init()
     pairs = [(a, b) for name in OPTIMIZERS
-             for a, b in zip(train(scheduled=False, optimizer=name, steps=steps),
-                             train(scheduled=True, optimizer=name, steps=steps))]
+             for a, b in zip(train(scheduled=False, optimizer=name, steps=steps, blocks=args.blocks),
+                             train(scheduled=True, optimizer=name, steps=steps, blocks=args.blocks))]
     from bytesched.core import get_core
     from bytesched.runtime import channel_of
     subtasks = get_core().take_stats().subtasks_started

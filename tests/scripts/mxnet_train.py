@@ -16,6 +16,9 @@ servers really sum different gradients; at the end each worker saves its weights
     --plan forced       rank 0's start-up plan simulation always picks 1 KB partitions under a
                         2 KB credit (the real one runs first); ``--plan failed``: timing the
                         push+pull raises on every worker (tests/scripts/plan_cases.py)
+    --blocks N          train N layers named layer2 ... layer(N+1) instead of the MLP; the
+                        TRAINED line then ends with ``priority=`` the parameters' names in the
+                        order of the store's priorities (``given`` where it kept the Trainer's)
     --trial keep        the sized plan's trial (BYTESCHED_PLAN_TRIAL) finds the sizes twice as
                         fast as staying out and keeps them; ``--trial leave``: half as fast, it
                         stays out (what rank 0 measured is replaced; its broadcast is real)
@@ -40,11 +43,17 @@ from bytesched.core import SchedulingParams
 from plan_cases import PLANS, TRIALS, replace_plan, replace_trial
 
 
-def model() -> gluon.nn.HybridSequential:
+def model(blocks: int | None = None) -> gluon.nn.HybridSequential:
+    """The small MLP; or ``blocks`` layers named layer2, layer3, ... (sorted by name, layer10 comes
+    before layer2), their input sizes inferred at the first forward pass."""
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(48, activation="relu", in_units=32),
-            gluon.nn.Dense(24, activation="tanh", in_units=48),
-            gluon.nn.Dense(10, in_units=24))
+    if blocks is None:
+        net.add(gluon.nn.Dense(48, activation="relu", in_units=32),
+                gluon.nn.Dense(24, activation="tanh", in_units=48),
+                gluon.nn.Dense(10, in_units=24))
+    else:
+        net.add(*(gluon.nn.Dense(10 if i == blocks + 1 else 16, activation=None if i == blocks + 1 else "relu",
+                                 prefix=f"layer{i}_") for i in range(2, blocks + 2)))
     mx.random.seed(7)
     net.initialize(mx.init.Xavier())
     return net
@@ -64,11 +73,11 @@ def skewed(store_cls: type) -> type:
             self._held: list[tuple] = []
             self._count = 0
 
-        def init(self, key, value):  # noqa: ANN001, ANN201 - MXNet's signature
+        def init(self, key, value):
             self._count += 1 if not isinstance(key, (list, tuple)) else len(key)
             super().init(key, value)
 
-        def pushpull(self, key, value, out=None, priority=0):  # noqa: ANN001, ANN201
+        def pushpull(self, key, value, out=None, priority=0):
             if os.environ["BYTESCHED_RANK"] != "1":
                 return super().pushpull(key, value, out=out, priority=priority)
             self._held.append((key, value, out, priority))
@@ -85,20 +94,20 @@ def skewed(store_cls: type) -> type:
 def str_keyed(store_cls: type) -> type:
     """``store_cls`` that receives str keys ("param<index>") where the Trainer passes ints."""
 
-    def named(key):  # noqa: ANN001, ANN202 - a key or a list of keys
+    def named(key):
         # a str key is already named: the store's broadcast calls init with it
         if isinstance(key, (list, tuple)):
             return [named(k) for k in key]
         return key if isinstance(key, str) else f"param{key}"
 
     class StrKeyed(store_cls):  # type: ignore[misc, valid-type]
-        def init(self, key, value):  # noqa: ANN001, ANN201 - MXNet's signatures
+        def init(self, key, value):
             super().init(named(key), value)
 
-        def broadcast(self, key, value, out, priority=0):  # noqa: ANN001, ANN201
+        def broadcast(self, key, value, out, priority=0):
             super().broadcast(named(key), value, out, priority=priority)
 
-        def pushpull(self, key, value, out=None, priority=0):  # noqa: ANN001, ANN201
+        def pushpull(self, key, value, out=None, priority=0):
             super().pushpull(named(key), value, out=out, priority=priority)
 
     return StrKeyed
@@ -119,6 +128,7 @@ def main() -> None:
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--plan", choices=PLANS, default="measured")
     parser.add_argument("--trial", choices=TRIALS, default="measured")
+    parser.add_argument("--blocks", type=int, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     replace_plan(args.plan, "push+pull")
@@ -130,7 +140,7 @@ def main() -> None:
         from bytesched.plugins.mxnet import ScheduledKVStore
         cls = skewed(ScheduledKVStore) if args.skew else ScheduledKVStore
         kv = (str_keyed(cls) if args.str_keys else cls)(kv)
-    net = model()
+    net = model(args.blocks)
     options = {"learning_rate": 0.05, "wd": 0.001}
     if args.optimizer == "sgd":
         options["momentum"] = args.momentum
@@ -165,7 +175,15 @@ def main() -> None:
           f"partition_bytes={getattr(kv, 'partition_bytes', 'none')} order={getattr(kv, 'order', 'none')} "
           f"tuned={kept} repartitions={repartitions} plan={planned} "
           f"start_order={kv._core.start_order if args.store == 'scheduled' else 'none'} "
-          f"passes_through={int(getattr(kv, 'passes_through', False))}", flush=True)
+          f"passes_through={int(getattr(kv, 'passes_through', False))}"
+          + ("" if args.blocks is None else f" priority={priority(trainer, kv)}"), flush=True)
+
+
+def priority(trainer: gluon.Trainer, kv: object) -> str:
+    """The parameters' names in the order of the store's priorities; ``given`` where it kept the
+    Trainer's (or the plain store, which has its own)."""
+    order = getattr(kv, "priority_order", None)
+    return "given" if order is None else ",".join(trainer._params[key].name for key in order)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ Two ranks, so sums are exact and results must be bit-identical: every optimizer 
 with partitions that split tensors (and every policy with its default partition for SGD); tied
 weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
 the same loop habits once a start-up plan stays out and the buckets are all-reduced from backward's
-hooks (and clipping without synchronize() then still fails with the way out); eval; then 50 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per check (see torch_harness.Reporter).
+hooks (and clipping without synchronize() then still fails with the way out); eval; then 50
+seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per
+check (see torch_harness.Reporter).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 
 import torch
 
+from bytesched.core import SchedulingParams
 from bytesched.core.config import POLICIES
 from bytesched.plugins.torch import BarrierCrossingError
+from bytesched.plugins.torch.task import GradientBatcher
 from torch_deadlock import no_deadlock
 from torch_harness import SPLIT, Reporter
 from torch_suites import (DistributedFlavor, checkpoint, evaluation, loop_habits, matrix, passing_through,
@@ -32,10 +36,36 @@ def clip_while_passing(report: Reporter, flavor: DistributedFlavor) -> None:
     try:
         run_scheduled(flavor, "cnn", "sgd", SPLIT, passing=True, between=clip)
     except BarrierCrossingError as error:
-        report.result("pass/clip_without_synchronize", "modified in place" in str(error) and "synchronize()" in str(error),
+        report.result("pass/clip_without_synchronize",
+                      "modified in place" in str(error) and "synchronize()" in str(error),
                       f"message={str(error)[:160]!r}")
     else:
         report.result("pass/clip_without_synchronize", False, "no BarrierCrossingError raised")
+
+
+BATCHED = SchedulingParams(partition_bytes=4000, credit_bytes=16000, batch_bytes=8000)
+"""SPLIT's partitions, started two or more at a time as one all-reduce of up to 8,000 bytes
+(batching while busy)."""
+
+
+def batching(report: Reporter, flavor: DistributedFlavor) -> None:
+    """Batching while busy: the same bits as the hand-written all-reduce (two ranks: each sum is
+    one addition, whatever buffer it is done in), and batches did start."""
+    sizes: list[int] = []
+    start = GradientBatcher.start_batch
+
+    def counting(self: GradientBatcher, batch: Any) -> None:
+        sizes.append(len(batch))
+        start(self, batch)
+    GradientBatcher.start_batch = counting  # type: ignore[method-assign]
+    try:
+        for opt_name in ("sgd", "adam"):
+            name = f"batch/{opt_name}"
+            report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", opt_name),
+                                                 run_scheduled(flavor, "cnn", opt_name, BATCHED)))
+    finally:
+        GradientBatcher.start_batch = start  # type: ignore[method-assign]
+    report.result("batch/started", bool(sizes), f"batches={len(sizes)} pieces={sum(sizes)}")
 
 
 def main() -> None:
@@ -53,6 +83,7 @@ def main() -> None:
     report.run("pass/clip_without_synchronize", lambda: clip_while_passing(report, flavor))
     checkpoint(report, flavor)
     report.run("eval/after_step", lambda: evaluation(report, flavor))
+    batching(report, flavor)
     no_deadlock(report, flavor, 50)
     report.finish()
 

@@ -198,8 +198,9 @@ def loop_habits(report: Reporter, flavor: Flavor) -> None:
         "mode/barrier_amp_without_synchronize": (amp, dict(cross_barrier=False, synchronize=False)),
     }
     for name, (common, only_scheduled) in cases.items():
-        report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", "sgd", **common),
-                                             run_scheduled(flavor, "cnn", "sgd", SPLIT, **{**common, **only_scheduled})))
+        report.run(name, lambda: report.same(
+            name, run_baseline(flavor, "cnn", "sgd", **common),
+            run_scheduled(flavor, "cnn", "sgd", SPLIT, **{**common, **only_scheduled})))
     report.run("opt/adagrad", lambda: report.same(
         "opt/adagrad", run_baseline(flavor, "cnn", "adagrad"), run_scheduled(flavor, "cnn", "adagrad", SPLIT)))
 

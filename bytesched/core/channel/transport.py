@@ -235,7 +235,7 @@ class _Endpoint(ABC):
                 wait_s = self._heartbeat_s
                 if self._stopping:  # saying goodbye: wake up when its time is up
                     wait_s = max(0.0, min(wait_s, self._goodbye_until - time.monotonic()))
-                ready = dict(poller.poll(wait_s * 1000))
+                ready = dict(poller.poll(int(wait_s * 1000)))
                 if wake_fd in ready:
                     self._drain_wake()
                 if self._socket in ready:
@@ -294,7 +294,7 @@ class _Endpoint(ABC):
             except zmq.Again:
                 return
             try:
-                peer_address = frames[-1].get("Peer-Address")
+                peer_address = str(frames[-1].get("Peer-Address"))
             except zmq.ZMQError:
                 peer_address = "an unknown address"
             try:
@@ -339,8 +339,9 @@ class _Endpoint(ABC):
         for peer in peers:
             if peer.state != _PeerState.GONE and now - peer.last_seen > self.liveness_timeout:
                 error = PeerLost(peer.rank, f"rank {peer.rank} has sent nothing to rank {self.rank} over "
-                                            f"{self.address} for {now - peer.last_seen:.0f} s ({self._liveness_variable}="
-                                            f"{self.liveness_timeout:g}): it died, hangs or lost the network")
+                                            f"{self.address} for {now - peer.last_seen:.0f} s "
+                                            f"({self._liveness_variable}={self.liveness_timeout:g}): it died, hangs "
+                                            "or lost the network")
                 self._tell_others(error)
                 self._fail(error)
                 return
@@ -687,12 +688,12 @@ def open_channel(config: Config, rank: int, world_size: int, *,
         config = dataclasses.replace(config, channel_port=DEFAULT_PORT)
     end: ChannelLeader | ChannelFollower
     if rank == 0:
-        if config.channel_port is not None:
+        if config.channel_port is not None or share_port is None:  # (no share_port: the port is set)
             end = ChannelLeader(config, world_size, on_failure=on_failure)
         else:
             end = _lead_on_free_port(config, world_size, on_failure, share_port)
     else:
-        if config.channel_port is None:
+        if config.channel_port is None and share_port is not None:  # (no share_port: the port is set)
             port = share_port(0)
             if port == 0:
                 raise ChannelError(f"rank {rank}: rank 0 could not open the channel on a free port of "

@@ -33,6 +33,9 @@ class Policy(ABC):
 
     name: ClassVar[str]
     default_partition_bytes: ClassVar[float]
+    batches: ClassVar[bool] = True
+    """The Scheduler may batch what this policy releases (batching while busy, see
+    :mod:`~bytesched.core.scheduler`); not a follower's, which starts rank 0's batches."""
 
     def __init__(self, params: SchedulingParams) -> None:
         self.params = params

@@ -11,19 +11,35 @@ Either way a follower partitions exactly as rank 0 does, so sub-task names match
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from typing import Iterable, Sequence
 
+from ..config import SchedulingParams
 from ..task import CommTask, SubTask
 from .base import Policy, Window
 from .fifo import FifoPolicy
 
 SubTaskKey = tuple[str, int, int]
+JOINS = 1 << 31
+"""Set in an announced key's partition index: the sub-task was started in one operation with the
+key announced before it (a batch, see :mod:`~bytesched.core.scheduler`)."""
+
+
+def announcement(started: Sequence[SubTask]) -> list[SubTaskKey]:
+    """The keys rank 0 announces for ``started`` (in order), each key of a batch after its first
+    marked with :data:`JOINS`."""
+    keys = []
+    for sub in started:
+        task, batch = sub.task, sub.batch
+        index = sub.index if batch is None or sub is batch[0] else sub.index | JOINS
+        keys.append((task.name, task.instance, index))
+    return keys
 
 
 class ImmediatePolicy(FifoPolicy):
     """Start every sub-task as soon as it is ready, partitioned like the leader's policy."""
 
     name = "immediate"
+    batches = False  # each rank starts on its own readiness: no common batches
 
     def __init__(self, leader: Policy) -> None:
         super().__init__(leader.params)
@@ -32,55 +48,91 @@ class ImmediatePolicy(FifoPolicy):
     def partition_bytes(self) -> float:
         return self.leader.partition_bytes()
 
-    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+    def set_params(self, params: SchedulingParams) -> None:
         super().set_params(params)
         self.leader.set_params(params)
 
 
 class FollowOrderPolicy(Policy):
-    """Start sub-tasks exactly in the order rank 0 announced, each once it is ready here."""
+    """Start sub-tasks exactly in the order rank 0 announced, each once it is ready here, and rank
+    0's batches together, once every sub-task of the batch is ready here."""
 
     name = "rank0-follower"
+    batches = False  # it starts rank 0's batches
 
     def __init__(self, leader: Policy) -> None:
         super().__init__(leader.params)
         self.leader = leader
         self._order: deque[SubTaskKey] = deque()
+        self._sizes: deque[int] = deque()  # the announced operations' sub-task counts, in order
         self._ready: dict[SubTaskKey, SubTask] = {}
 
     def partition_bytes(self) -> float:
         return self.leader.partition_bytes()
 
-    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+    def set_params(self, params: SchedulingParams) -> None:
         super().set_params(params)
         self.leader.set_params(params)
 
     def announce(self, keys: Iterable[SubTaskKey]) -> None:
-        """Rank 0 started these sub-tasks, in this order."""
-        self._order.extend(keys)
+        """Rank 0 started these sub-tasks, in this order (:func:`announcement`)."""
+        order, sizes = self._order, self._sizes
+        for name, instance, index in keys:
+            if index & JOINS and sizes:
+                sizes[-1] += 1
+                index ^= JOINS
+            else:
+                sizes.append(1)
+            order.append((name, instance, index))
 
     def push(self, task: CommTask, now: float) -> None:
         for sub in task.subtasks:
             self._ready[sub.key] = sub
 
     def peek(self, now: float) -> SubTask | None:
-        if not self._order:
+        if not self._order or not all(key in self._ready for key in self._head()):
             return None
-        return self._ready.get(self._order[0])
+        return self._ready[self._order[0]]
 
     def pop(self) -> SubTask:
+        self._sizes[0] -= 1
+        if not self._sizes[0]:
+            self._sizes.popleft()
         return self._ready.pop(self._order.popleft())
 
     def admits(self, sub: SubTask, window: Window, now: float) -> bool:
         return True  # rank 0 already applied the credit window
+
+    def release(self, window: Window, now: float) -> list[SubTask]:
+        """Every announced operation whose sub-tasks are all ready here, in order; a batch's
+        sub-tasks share their ``batch`` tuple, as on rank 0."""
+        started: list[SubTask] = []
+        order, sizes, ready = self._order, self._sizes, self._ready
+        while sizes and all(key in ready for key in self._head()):
+            subs = [ready.pop(order.popleft()) for _ in range(sizes.popleft())]
+            if len(subs) > 1:
+                together = tuple(subs)
+                for sub in subs:
+                    sub.batch = together
+            window.inflight_bytes += sum(sub.nbytes for sub in subs)
+            window.inflight_count += len(subs)
+            started += subs
+        return started
+
+    def _head(self) -> list[SubTaskKey]:
+        """The keys of the next announced operation."""
+        order = self._order
+        return [order[i] for i in range(self._sizes[0])]
 
     def __len__(self) -> int:
         return len(self._ready)
 
     def waiting_for(self) -> SubTaskKey | None:
         """The announced key this rank has not made ready yet (for stall reports)."""
-        if self._order and self._order[0] not in self._ready:
-            return self._order[0]
+        if self._order:
+            for key in self._head():
+                if key not in self._ready:
+                    return key
         return None
 
 

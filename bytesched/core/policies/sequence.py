@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
+from ..config import SchedulingParams
 from ..task import CommTask, SubTask
 from .base import Policy, Window
 
@@ -28,6 +29,7 @@ class SequencePolicy(Policy):
     """Start tasks in the cycle ``names`` (each name once per step), whole and in order."""
 
     name = "sequence"
+    batches = False  # every rank starts the agreed sequence by itself
 
     def __init__(self, leader: Policy, names: Sequence[str]) -> None:
         super().__init__(leader.params)
@@ -42,7 +44,7 @@ class SequencePolicy(Policy):
     def partition_bytes(self) -> float:
         return self.leader.partition_bytes()
 
-    def set_params(self, params) -> None:  # type: ignore[no-untyped-def]
+    def set_params(self, params: SchedulingParams) -> None:
         super().set_params(params)
         self.leader.set_params(params)
 

@@ -24,9 +24,12 @@ durations are the time oracle (seconds; only their ratios matter) - TIC ignores 
 - Without a graph, or for a task the graph does not name, the order is the task's own priority
   (layer order); tasks the graph names run before those it does not.
 - ``set_graph`` may be called at any time; it re-orders sub-tasks already waiting. With the
-  runtime Core, call it before ``Core.start()`` or through ``core.call_soon`` (the scheduler
-  state belongs to the Core thread). The ranks are computed in ``set_graph``: TAC re-computes the
-  properties after every pick, about a second for a thousand-op graph, so do it once.
+  runtime Core, call :meth:`~bytesched.core.Core.set_graph` (the scheduler state belongs to the
+  Core thread). The ranks are computed in ``set_graph``: TAC re-computes the properties after
+  every pick, about a second for a thousand-op graph, so do it once.
+- At run time the plugins trace the first forward pass (:mod:`bytesched.core.forward`): which
+  parameters each operator reads and which operators use which results, with no durations; they
+  hand the Core that graph, ordered by TIC.
 """
 
 from __future__ import annotations
@@ -293,11 +296,16 @@ class TicTacPolicy(CreditPolicy):
         self.variant = variant
         self._ranks: dict[str, int] = {}
 
-    def set_graph(self, graph: TicTacGraph) -> None:
-        """Order the recvs of ``graph`` by this policy's variant and re-order what is waiting."""
+    def set_graph(self, graph: TicTacGraph, variant: str | None = None) -> None:
+        """Order the recvs of ``graph`` by ``variant`` (default: this policy's) and re-order what
+        is waiting. A graph traced at run time has no durations, which TAC needs: plugins order
+        it by ``"tic"``."""
         if not isinstance(graph, TicTacGraph):
             raise TypeError(f"TicTacPolicy.set_graph expects a TicTacGraph, got {type(graph).__name__}")
-        order = tac_order(graph) if self.variant == "tac" else tic_order(graph)
+        variant = self.variant if variant is None else variant
+        if variant not in VARIANTS:
+            raise ValueError(f"tictac variant={variant!r} is unknown: expected one of {', '.join(VARIANTS)}")
+        order = tac_order(graph) if variant == "tac" else tic_order(graph)
         self._ranks = {name: rank for rank, name in enumerate(order)}
         self._heap = [[self.rank_of(pieces[0].task), seq, piece, pieces] for _, seq, piece, pieces in self._heap]
         heapq.heapify(self._heap)

@@ -3,7 +3,7 @@
     import horovod.mxnet as hvd
     opt = hvd.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=0.1))
     opt = ScheduledOptimizer(opt)
-    trainer = gluon.Trainer(list(net.collect_params().values()), opt, kvstore=None)
+    trainer = gluon.Trainer(net.collect_params(), opt, kvstore=None)
 
 Launched with ``horovodrun``. Horovod's DistributedOptimizer all-reduces each gradient inside
 ``update`` and then updates; this wrapper replaces the all-reduce with a :class:`ProxiedTask`
@@ -13,6 +13,17 @@ orders after the all-reduce. Small gradients of one update call are fused into b
 (:mod:`.fusion`, ``BYTESCHED_FUSION_BYTES``). Ranks run the Core in ``immediate`` order: Horovod
 starts a collective only once every rank submitted it, so rank 0's release order becomes the
 global one. Everything else (learning rate, states) is Horovod's optimizer's, as with Horovod.
+
+Priorities and buckets follow the order in which the first forward pass reads the parameters
+(:mod:`.trace`: watched from this optimizer's creation to the first backward pass; the
+parameters are the Trainer's ``param_dict``), not the Trainer's index, which for
+``net.collect_params()`` is sorted-name order; parameters the pass did not read follow by index.
+Fusion then joins neighbours in the forward order. Rank 0's order is broadcast at the first
+update, so every rank fuses alike and Horovod sees the same names everywhere, even where a forward
+pass reads differently per rank.
+The order is logged once and recorded on the timeline; under ``tictac`` the traced pass is
+TicTac's graph, ordered by TIC (:mod:`bytesched.runtime.forward_order`). Without a Trainer's
+``param_dict``, or with nothing traced, the index stays the priority.
 
 The Core, its timeline and the rank-0 channel come from :mod:`bytesched.runtime`, as for the
 PyTorch plugin: the channel (rank 0 shares its free port with one Horovod broadcast) carries the
@@ -28,9 +39,9 @@ run where the gradients live (the first weight's context). A plan that stays out
 *passes through*: from that step on each group of gradients Gluon would have handed Horovod's
 optimizer is all-reduced with Horovod's own call (``DistributedOptimizer._do_allreduce``: its
 names, its fusion, no CommTask, proxy or Core) just before that group's update, so the job runs
-as plain Horovod does. Staying out through the Core (every gradient whole, started the moment it
-is ready) ran the emulated ResNet50 and VGG16 on 2 ranks at 10 Gbit/s at 0.985x-0.989x of plain
-Horovod: the Core's work per tensor, with nothing to schedule. A plan that chose sizes is first
+as plain Horovod does: staying out through the Core (every gradient whole, started the moment it
+is ready) ran slower than plain Horovod, the Core's work per tensor with nothing to schedule
+(docs/plan.md, "2 on"). A plan that chose sizes is first
 tried against passing through (:mod:`bytesched.runtime.plan_trial`), at the same boundaries. With
 ``BYTESCHED_POLICY=off`` it passes through from the first update.
 """
@@ -49,7 +60,9 @@ from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, from_env
 from bytesched.core.policies import partition_size
+from bytesched.core.forward import ForwardPass, forward_order
 from bytesched.runtime import channel_of, start_core
+from bytesched.runtime.forward_order import announce, order_by_graph
 from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.plan_trial import wants_trial
@@ -59,9 +72,10 @@ from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
 
-from .fusion import Bucket
+from .fusion import Bucket, task_name
 from .proxies import events
 from .task import Avatars, ProxiedTask
+from .trace import ForwardWatch, handle_of
 
 
 class ScheduledOptimizer(mx.optimizer.Optimizer):
@@ -98,6 +112,13 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
         self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
         self._passes_through = not self._config.scheduling  # BYTESCHED_POLICY=off: Horovod's own path throughout
+        # Priorities (module doc): the first forward pass, watched until the first backward pass.
+        self._watch = ForwardWatch() if self._config.scheduling else None
+        self._ranks: dict[int, int] | None = None  # Trainer index -> rank in the forward order
+        self._orders: dict[tuple[int, ...], list[int]] = {}  # an update call's indices -> positions by rank
+        self._forward: ForwardPass | None = None  # kept under tictac, whose graph names the buckets
+        self._leaves: dict[int, list[Any]] = {}
+        self._task_of: dict[int, str] = {}  # under tictac: Trainer index -> its task's name, as last handed over
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or "_hvd" not in self.__dict__:
@@ -121,6 +142,12 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         """The plan stayed out of the way (or scheduling is off), and Horovod's own all-reduce runs
         (module doc)."""
         return self._passes_through
+
+    @property
+    def priority_order(self) -> list[int] | None:
+        """The Trainer's indices by priority, most urgent first, as rank 0's first forward pass
+        read them (module doc); None before the first update, and where the index stays."""
+        return None if self._ranks is None else sorted(self._ranks, key=self._ranks.__getitem__)
 
     @property
     def plan_trial(self) -> TrialOutcome | None:
@@ -186,12 +213,15 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         apply = inner.update_multi_precision if multi_precision else inner.update
         single = not isinstance(index, (list, tuple))
         indices, weights, grads = ([index], [weight], [grad]) if single else (index, weight, grad)
+        if self._watch is not None:
+            self._settle_order()
         if self._tuning_wanted:
             self._tuning_wanted = False
             warm = self._observer(TuningWarmStart, weights, grads) \
                 if wants_warm_start(self._config, hvd.size()) else None
-            self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(), channel=channel_of(self._core),
-                                              arch="allreduce", model_bytes=self._model_bytes(grads), warm_start=warm)
+            self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(),
+                                              channel=channel_of(self._core), arch="allreduce",
+                                              model_bytes=self._model_bytes(grads), warm_start=warm)
             self._sizes.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
@@ -206,6 +236,39 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             if passing:  # plain Horovod's sequence: each group's all-reduces, then its update
                 self._hvd._do_allreduce(group[0], group[2])
             apply(*group)
+
+    def _settle_order(self) -> None:
+        """At the first update: rank the Trainer's parameters by the traced forward pass, agree
+        on rank 0's ranking, and say so once (module doc)."""
+        assert self._watch is not None
+        forward, self._watch = self._watch.stop(), None
+        params = self.__dict__.get("param_dict") or {}
+        self._leaves = {int(i): [handle_of(array) for array in (param._data or ())] for i, param in params.items()}
+        read, unread = forward_order(sorted(self._leaves), self._leaves.__getitem__, forward)
+        order = self._rank0s([*read, *unread] if read else [])
+        names = {i: f"{i} ({params[i].name})" for i in self._leaves}
+        if not order:
+            why = "the Trainer gave no param_dict" if not params else \
+                "no operator ran under autograd.record() between the optimizer's creation and its first update"
+            announce(self._core, [], [names[i] for i in sorted(names)], traced=False, untraced_why=why)
+            return
+        self._ranks = {index: rank for rank, index in enumerate(order)}
+        announce(self._core, [names[i] for i in order[:len(read)]], [names[i] for i in order[len(read):]],
+                 traced=True)
+        if self._config.policy == "tictac":
+            self._forward = forward
+
+    def _rank0s(self, order: list[int]) -> list[int]:
+        """Rank 0's ``order`` of the Trainer's indices, on every rank (one broadcast; empty: rank 0
+        traced nothing)."""
+        process_set = self._hvd._process_set
+        if process_set.size() == 1 or not process_set.included():
+            return order
+        size = len(self._leaves)
+        local = mx.nd.array([len(order), *order, *[0] * (size - len(order))], dtype="int64")
+        agreed = hvd.broadcast(local, root_rank=0, name="bytesched.forward_order",
+                               process_set=process_set).asnumpy().tolist()
+        return [int(i) for i in agreed[1:1 + int(agreed[0])]]
 
     def _observer(self, kind: type[Observer], weights: Sequence[mx.nd.NDArray],
                   grads: Sequence[mx.nd.NDArray], **options: Any) -> Observer:
@@ -253,20 +316,50 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         process_set = self._hvd._process_set
         if process_set.size() == 1 or not process_set.included():
             return
+        if self._ranks is not None:  # in the forward order, so that fusion joins neighbours there
+            by_rank = self._in_forward_order(indices)
+            indices, grads = [indices[j] for j in by_rank], [grads[j] for j in by_rank]
         facts = [self._facts_of(int(i), g) for i, g in zip(indices, grads)]
-        for run in fusion_runs([f.size * f.itemsize for f in facts], self._config.fusion_bytes,
-                               [f.kind for f in facts]):
+        runs = fusion_runs([f.size * f.itemsize for f in facts], self._config.fusion_bytes, [f.kind for f in facts])
+        if self._forward is not None:
+            self._name_tasks(indices, runs)
+        for run in runs:
             members = [int(indices[j]) for j in run]
             if len(run) == 1:
-                self._submit(str(members[0]), members[0], grads[run[0]], facts[run[0]].size, facts[run[0]].itemsize)
+                self._submit(task_name(members), members[0], grads[run[0]], facts[run[0]].size, facts[run[0]].itemsize)
                 continue
             member_grads = [grads[j] for j in run]
             bucket = self._buckets.get(members[0])
             if bucket is None or not bucket.matches(members, member_grads):
                 bucket = self._buckets[members[0]] = Bucket(members, member_grads, self._events.library)
             bucket.pack()
-            self._submit(bucket.name, members[0], bucket.buffer, sum(facts[j].size for j in run), facts[run[0]].itemsize)
+            self._submit(bucket.name, members[0], bucket.buffer, sum(facts[j].size for j in run),
+                         facts[run[0]].itemsize)
             bucket.unpack()
+
+    def _in_forward_order(self, indices: Sequence[Any]) -> list[int]:
+        """Positions into ``indices`` by rank in the forward order (indices not ranked after,
+        by index), worked out once per update call's indices."""
+        key = tuple(indices)
+        order = self._orders.get(key)
+        if order is None:
+            ranks = self._ranks
+            assert ranks is not None
+            order = self._orders[key] = sorted(range(len(key)),
+                                               key=lambda j: ranks.get(int(key[j]), len(ranks) + int(key[j])))
+        return order
+
+    def _name_tasks(self, indices: Sequence[Any], runs: Sequence[Sequence[int]]) -> None:
+        """Under ``tictac``: where this call's buckets name a task anew, hand the Core the
+        traced pass with every parameter's task as TicTac's graph (module doc)."""
+        assert self._forward is not None
+        named = {int(indices[j]): "allreduce:" + task_name([int(indices[k]) for k in run])
+                 for run in runs for j in run}
+        if all(self._task_of.get(index) == name for index, name in named.items()):
+            return
+        self._task_of.update(named)
+        order_by_graph(self._core, self._forward, {leaf: [name] for index, name in self._task_of.items()
+                                                   for leaf in self._leaves.get(index, ())})
 
     def _facts_of(self, index: int, grad: mx.nd.NDArray) -> "_Facts":
         """What the all-reduce needs to know of ``grad``, read from MXNet when it is a new array:
@@ -280,7 +373,9 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
 
     def _submit(self, name: str, index: int, grad: mx.nd.NDArray, size: int, itemsize: int) -> None:
         """All-reduce ``grad`` (a gradient, or a bucket's buffer) of ``size`` elements of
-        ``itemsize`` bytes as one ProxiedTask at the priority of Trainer index ``index``."""
+        ``itemsize`` bytes as one ProxiedTask at the priority of Trainer index ``index`` (its
+        rank in the forward order; the bucket's first member, which the forward pass reads
+        first)."""
         ranges = split_elements(size, itemsize, self._partition_bytes)
         avatars = self._avatars.get(name)
         if avatars is None or not avatars.matches([grad], ranges):
@@ -288,18 +383,20 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         # The avatars' ranges, not this call's equal ones: the task holds them until its
         # all-reduce finished, and objects alive that long count towards Python's next cyclic
         # garbage collection (docs/architecture.md, "Objects per gradient").
-        task = ProxiedTask(f"allreduce:{name}", index, avatars.ranges, itemsize, self._events)
+        ranks = self._ranks
+        priority = index if ranks is None else ranks.get(index, len(ranks) + index)
+        task = ProxiedTask(f"allreduce:{name}", priority, avatars.ranges, itemsize, self._events)
         self._core.enqueue(task)
         opt = self._hvd
 
         def communicate() -> None:
             for part, (tensor,) in enumerate(avatars.parts):
                 hvd.allreduce_(tensor, average=not opt._average_in_framework,
-                               name=f"bytesched.{name}.{part}", priority=-index,
+                               name=f"bytesched.{name}.{part}", priority=-priority,
                                prescale_factor=1.0 / opt._gradient_predivide_factor,
                                postscale_factor=opt._postscale_factor, process_set=opt._process_set)
 
-        task.post(avatars, -index, communicate)
+        task.post(avatars, -priority, communicate)
 
 
 def _groups(index: Any, weight: Any, grad: Any, state: Any, aggregate_num: int) -> list[tuple[Any, Any, Any, Any]]:

@@ -1,7 +1,7 @@
 """ScheduledKVStore: MXNet KVStore push/pull scheduled by the bytesched Core (paper §5).
 
     kv = ScheduledKVStore(mx.kv.create("dist_sync"))   # then used unchanged
-    trainer = gluon.Trainer(list(net.collect_params().values()), "sgd", {...}, kvstore=kv)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
 
 Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
 sub-tasks are the key's partitions, each stored under its own server key (see :mod:`bytesched.core.ps_layout`).
@@ -10,12 +10,22 @@ own push, pull or pushpull of every partition, on avatars, between Dependency Pr
 (:mod:`.task`). Partitions of one tensor move independently, so the answer to one overlaps the
 push of the next and both directions of every link are busy.
 
+Priorities. The priority MXNet hands the store is the Trainer's index of the parameter, and a
+Trainer given ``net.collect_params()`` (a dict) numbers the parameters by sorted name: ``conv10``
+before ``conv2``. The store therefore watches the first forward pass (from its creation to the
+first backward pass, :mod:`.trace`) and, at its first push or pull, ranks the keys by the order in which that pass
+first read their arrays (the arrays ``init``/``broadcast`` gave it: the Trainer's are the
+parameters' own); keys the pass did not read follow in the order they were initialised, and a key
+initialised later after them. That order is the same on every worker for the same model; with
+``dist_sync`` only rank 0's counts anyway (rank 0 decides the starts, "Cross-worker order"
+below). Where nothing was traced (MXNet's Module runs executors) the caller's priorities stay.
+The order is logged once and recorded on the timeline; under ``tictac`` the traced pass is
+TicTac's graph, ordered by TIC (:mod:`bytesched.runtime.forward_order`).
+
 Push and pull. A ``pushpull`` partition is one request to its server, the wrapped store's own
 ``pushpull``: a ``dist_sync`` server answers it with the updated value once every worker pushed.
 A push followed by a separate pull costs a second request and, in the engine, a pull that waits
-for the push's answer; on the emulated 1 Gbit/s network 24 concurrent 1 MB keys took 405 ms that
-way against 250 ms fused (plain store, docs/benchmarks.md), and bytesched paid the same until it
-used the fused request.
+for the push's answer (docs/plugins/mxnet.md, "Dependency Proxies and avatars").
 
 Cross-worker order. A ``dist_sync`` server answers a push only after every worker pushed that
 key. Workers that started their pushes in different orders under a credit limit would each wait
@@ -46,12 +56,11 @@ and every call into MXNet from Python lets go of the GIL and has to win it back 
 threads and MXNet's custom operators. A submission therefore checks a key's arrays only when
 they are new (an NDArray object keeps its shape, type and storage), reuses the key's avatars
 and their handle arrays, and posts the proxy chain with calls that keep the GIL
-(:class:`.proxies.Chain`). On the emulated Transformer's 188 keys this took the posting from
-105 ms of wall time (46 ms of CPU) per step and worker to 46-49 ms (22 ms), against 8 ms
-(5.5 ms) for the plain store, whose ``pushpull`` is one call (the emulated benchmark, docs/benchmarks.md).
-The whole chain is one such call, in which the library also makes the store's own push or
-pull (:class:`.proxies.StoreCall`, prepared once per key and arrays): no call of MXNet's Python
-API per key, which converts its arguments every time and lets go of the GIL.
+(:class:`.proxies.Chain`), which more than halved the posting's time (docs/plugins/mxnet.md,
+"Dependency Proxies and avatars"). The whole chain is one such call, in which the library also
+makes the store's own push or pull (:class:`.proxies.StoreCall`, prepared once per key and
+arrays): no call of MXNet's Python API per key, which converts its arguments every time and
+lets go of the GIL.
 
 Re-partitioning. :meth:`ScheduledKVStore.set_params` with a new partition size takes effect at a
 step boundary: the store waits for its communication to finish, initialises fresh server keys at
@@ -76,15 +85,15 @@ store's own operation, posted from the caller's thread with no CommTask, proxy o
 between, through MXNet's C API as the Core's path posts it (:class:`.proxies.StoreCall`); a
 pushpull repeating its previous call's objects (Gluon's Trainer, every step) reuses that call's
 arguments. A key on one server key goes on a plain view of its arrays (:class:`.task.Views`,
-which shares the arrays' engine variables). A key laid out
-in several server keys (one above MXNet's big-array bound, striped over the servers) goes on
-avatars between two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the
-Core would start them: on views they went one after another, and the emulated VGG16 on 2
-workers at 1 Gbit/s ran at 0.83x the plain store; fenced, 1.33x, as fast as the Core starting
-every key on readiness (docs/benchmarks.md). The layout is the one the plan simulated as staying
-out, so the choice and what runs agree. On 2 workers over loopback passing through added 34 us per
-key over the plain store, where the Core's path added 158 us (the overhead benchmark,
-docs/benchmarks.md). :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
+which shares the arrays' engine variables), after an entry fence that brings the arrays back to
+MXNet's default memory layout (an evaluation pass may have left a weight in MKLDNN's blocked
+one, docs/plugins/mxnet.md, "Evaluation passes and MKLDNN layouts"). A key laid out in several
+server keys (one above MXNet's big-array bound, striped over the servers) goes on avatars between
+two fences (:class:`.task.FencedAvatars`), so its pieces travel at once, as the Core would start
+them: on views they went one after another, several times slower
+(docs/experiments/start-up-plan.md). The layout is the one the plan simulated as staying out, so
+the choice and what runs agree. What passing through costs per key: docs/benchmarks.md,
+"Per-tensor cost". :meth:`set_params` ends it. The outcome is :attr:`ScheduledKVStore.plan`.
 The Core runs in ``rank0`` mode (and opens the channel) from the start, as under tuning, since a
 sized plan sets a credit. With ``BYTESCHED_POLICY=off`` the keys are laid out as the plan lays
 them out and every operation passes through from the first.
@@ -119,6 +128,7 @@ from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, 
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
 from bytesched.runtime import channel_of, on_channel_failure, start_core, track, untrack
 from bytesched.runtime.channel_ranks import ChannelRanks
+from bytesched.runtime.forward_order import announce, order_by_graph
 from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.plan_trial import wants_trial
@@ -128,10 +138,12 @@ from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
 
+from bytesched.core.forward import forward_order
 from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import ProxyLibrary, StoreCall, events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
 from .task import Arrays, Avatars, FencedAvatars, ProxiedTask, Views, unique_arrays
+from .trace import ForwardWatch, handle_of
 
 log = logging.getLogger("bytesched")
 
@@ -283,9 +295,9 @@ class ScheduledKVStore(KVStoreBase):
         self._installed_for: tuple[tuple[int, int], int, int] | None = None  # (version, generation, keys)
         self._previous_parts: dict[int, Part] = {}
         # Per key, the array that last received the key's server value (init, pull): what a
-        # re-partition initialises the new server keys with, unless the key was pushed since. (Pulling the old keys instead is
-        # not safe: MXNet's dist store pulls into the buffer of the last push, on the CPU the
-        # gradient itself, which by then holds the next step's gradient.)
+        # re-partition initialises the new server keys with, unless the key was pushed since.
+        # (Pulling the old keys instead is not safe: MXNet's dist store pulls into the buffer of the
+        # last push, on the CPU the gradient itself, which by then holds the next step's gradient.)
         self._last_value: dict[UserKey, mx.nd.NDArray] = {}
         self._pushed_since_pull: set[UserKey] = set()
         self.step = 0
@@ -300,6 +312,11 @@ class ScheduledKVStore(KVStoreBase):
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, what each key's last operation writes
         self._calls: dict[tuple[str, UserKey], tuple[Any, StoreCall]] = {}  # _store_call's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
+        # Priorities (module doc): the first forward pass, watched until the first backward pass
+        # (or the first push or pull, if that comes first).
+        self._watch = ForwardWatch() if self.config.scheduling else None
+        self._leaves: dict[UserKey, list[Any]] = {}  # each key's arrays (handles), from init/broadcast
+        self._ranks: dict[UserKey, int] | None = None  # None: the caller's priorities
         self._closed = False
         self._stop_listening = on_channel_failure(self._lost)
         track(self)  # closed by bytesched.runtime.shutdown (at exit at the latest), before the Core stops
@@ -347,6 +364,12 @@ class ScheduledKVStore(KVStoreBase):
         return not self._sizes.active
 
     @property
+    def priority_order(self) -> list[UserKey] | None:
+        """The keys by priority, most urgent first, as learnt from the first forward pass (module
+        doc, "Priorities"); None before the first push or pull, and where the caller's stay."""
+        return None if self._ranks is None else sorted(self._ranks, key=self._ranks.__getitem__)
+
+    @property
     def partition_bytes(self) -> float:
         """The partition size of the current server-key layout."""
         return self._partition_bytes
@@ -356,7 +379,8 @@ class ScheduledKVStore(KVStoreBase):
 
     def init(self, key: Any, value: Any) -> None:
         """Lay out each key's server keys and initialise them with zero-copy slices of ``value``."""
-        keys, values = [], []
+        keys: list[int] = []
+        values = []
         for user_key, arrays in self._pairs(key, value):
             if len(arrays) != 1:
                 raise ValueError(f"init of key {user_key!r}: give one array per key, got {len(arrays)}")
@@ -364,6 +388,7 @@ class ScheduledKVStore(KVStoreBase):
             self._check_dense(user_key, array)
             self.library.to_default_layout([array])
             layout = self._table.add(user_key, array.shape, array.dtype, self._partition_bytes)
+            self._leaves[user_key] = [handle_of(array)]
             flat = array.reshape(-1)
             self._last_value[user_key] = array
             keys += layout.server_keys
@@ -373,9 +398,11 @@ class ScheduledKVStore(KVStoreBase):
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         """Initialise from rank 0's ``value`` and pull the result into ``out`` (as MXNet does)."""
         self.init(key, value)
-        keys, outs = [], []
+        keys: list[int] = []
+        outs = []
         for user_key, arrays in self._pairs(key, out):
             layout = self._table[user_key]
+            self._leaves[user_key] += map(handle_of, arrays)
             self._last_value[user_key] = arrays[0]
             self.library.to_default_layout(arrays)
             flats = [a.reshape(-1) for a in arrays]
@@ -422,7 +449,7 @@ class ScheduledKVStore(KVStoreBase):
         self._check_healthy()
         self._next_step_if("pushpull", key)
         self._install_optimizer()
-        repeat[2].post(priority)
+        repeat[2].post(self._priority(key, priority))
         return True
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
@@ -507,7 +534,8 @@ class ScheduledKVStore(KVStoreBase):
         self._previous_parts = self._parts(layouts)
         pairs = self._table.repartition(size)
         self.library.to_default_layout([self._last_value[new.user_key] for _, new in pairs])
-        new_keys, values = [], []
+        new_keys: list[int] = []
+        values = []
         for _, new in pairs:
             flat = self._last_value[new.user_key].reshape(-1)
             new_keys += new.server_keys
@@ -521,6 +549,9 @@ class ScheduledKVStore(KVStoreBase):
     def _submit(self, kind: str, user_key: UserKey, values: Arrays, outs: Arrays, priority: int) -> _Passed | None:
         """Hand one key's operation to the Core, or while passing through post it (returned)."""
         self._check_healthy()
+        if self._watch is not None:
+            self._settle_order()
+        priority = self._priority(user_key, priority)
         self._next_step_if(kind, user_key)
         self._install_optimizer()
         layout = self._table[user_key]
@@ -550,8 +581,45 @@ class ScheduledKVStore(KVStoreBase):
         with self._lock:
             self._tasks[task.token] = task
         self._core.enqueue(task)
-        task.post_store_call(views, call, priority)  # type: ignore[arg-type]
+        task.post_store_call(views, call, priority)  # type: ignore[arg-type]  # the Core's path: Avatars
         return None
+
+    def _settle_order(self) -> None:
+        """At the first push or pull: rank the keys by the traced forward pass (module doc,
+        "Priorities"), say so once, and hand a ``tictac`` Core the pass as its graph."""
+        assert self._watch is not None
+        forward, self._watch = self._watch.stop(), None
+        read, unread = forward_order([layout.user_key for layout in self._table.layouts()],
+                                     lambda key: self._leaves.get(key, ()), forward)
+        if not read:
+            why = ("MXNet's Module runs its symbol's executors, which bytesched does not watch"
+                   if any(isinstance(key, str) for key in unread) else
+                   "no operator ran under autograd.record() between the store's creation and its first push or pull")
+            announce(self._core, [], [self._described(key) for key in unread], traced=False, untraced_why=why)
+            return
+        self._ranks = {key: rank for rank, key in enumerate([*read, *unread])}
+        announce(self._core, [self._described(key) for key in read], [self._described(key) for key in unread],
+                 traced=True)
+        if self.config.policy == "tictac":
+            order_by_graph(self._core, forward, {leaf: [f"{kind}:{key}" for kind in ("push", "pull", "pushpull")]
+                                                 for key in read for leaf in self._leaves[key]})
+
+    def _described(self, key: UserKey) -> str:
+        """``key``, with its parameter's name where the Trainer's optimizer tells it."""
+        params = getattr(self._optimizer, "param_dict", None) or {}
+        param = params.get(key)
+        return str(key) if param is None else f"{key} ({param.name})"
+
+    def _priority(self, user_key: UserKey, given: int) -> int:
+        """MXNet's priority (larger goes first) of ``user_key``: minus its rank in the forward
+        order, or ``given`` where the caller's priorities stay (module doc, "Priorities")."""
+        ranks = self._ranks
+        if ranks is None:
+            return given
+        rank = ranks.get(user_key)
+        if rank is None:  # initialised after the order was learnt: after every other key
+            rank = ranks[user_key] = len(ranks)
+        return -rank
 
     def _store_call(self, kind: str, user_key: UserKey, layout: KeyLayout, views: Views, values: Arrays,
                     outs: Arrays) -> StoreCall:
@@ -603,10 +671,10 @@ class ScheduledKVStore(KVStoreBase):
                                                   tries_sizes=wants_trial(self.config, "ps"))
         self._tuning_wanted = self._plan_wanted = False
 
-    def _observer(self, kind: type[Observer], model_bytes: int, **options: Any) -> Observer:
+    def _observer(self, kind: Callable[..., Observer], model_bytes: int, **options: Any) -> Observer:
         """A start-up plan or tuning warm start observing this store's steps, timing a push+pull
         on keys of its own; rank 0's choice travels over the rank-0 channel."""
-        ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]
+        ranks = ChannelRanks(self.core_rank, self.world_size, "ps", self._channel,  # type: ignore[arg-type]  # ps: set
                              self._kv._barrier, self.config.channel_timeout_s)
         return kind(self._core, ranks, self._timed_pushpull, arch="ps", model_bytes=model_bytes,
                     drain=self.wait_idle, servers=self._table.num_servers, bigarray_bound=self._table.bigarray_bound,
@@ -688,10 +756,10 @@ class ScheduledKVStore(KVStoreBase):
         pushpull repeated with the same objects writes the same arrays, so they stay listed), not
         on the pushed gradients: at a step boundary the next step's backward pass, already posted,
         writes those, and waiting for it held each step's pushes back until that backward pass
-        had ended (on 4 emulated workers at 1 Gbit/s a plan trial timed its steps passing through
-        at 1.24x-1.39x the same steps after the trial, and kept sizes that then lost to the plain
-        store). A pushpull in place (no ``out``, as where the servers do not update) pulls into
-        the gradients themselves, so there the wait still lasts that long."""
+        had ended, so that a plan trial timed its steps passing through too long and kept sizes
+        that then lost to the plain store (docs/experiments/plan-trial.md). A pushpull in place
+        (no ``out``, as where the servers do not update) pulls into the gradients themselves, so
+        there the wait still lasts that long."""
         for arrays in self._passed.values():  # passing through: the engine knows what is pending
             for array in arrays:
                 array.wait_to_read()
@@ -713,6 +781,8 @@ class ScheduledKVStore(KVStoreBase):
             log.error("closing the ScheduledKVStore: %s", error)
         finally:
             self._closed = True
+            if self._watch is not None:
+                self._watch.stop()
             self._stop_listening()
             untrack(self)
 

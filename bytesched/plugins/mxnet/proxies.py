@@ -48,9 +48,9 @@ class ProxyLibrary:
     keeps the GIL for the call, instead of ``CDLL``, which lets it go and then has to win it
     back. They take a few microseconds; winning the GIL back from a thread running Python (the
     training loop, MXNet's custom operators, the Core) can take up to the interpreter's switch
-    interval, 5 ms, and the Core releases every partition with such a call. With these calls
-    held, the training thread's posting of 188 keys went from 60 to 46-49 ms per step
-    (the emulated benchmark, docs/benchmarks.md). It is safe because these calls only take the library's
+    interval, and the Core releases every partition with such a call (the figures:
+    docs/experiments/per-tensor-cost.md, "Figures behind the MXNet plugin's posting rules").
+    It is safe because these calls only take the library's
     own lock and the engine's, which no thread holds while waiting for the GIL: engine threads
     never enter Python here (see the module doc). :meth:`post_store` and :meth:`post_store_chain`
     make a KVStore's push or pull, which only posts engine operations too, except that a store
@@ -197,9 +197,9 @@ class Chain:
     """The arrays of one task's proxy chain, as the handle arrays the library takes.
 
     Built once per tensor layout and reused every step: a submission then costs two library
-    calls and no list building. With four calls per key and the arrays rebuilt, posting the
-    emulated Transformer's 188 keys took 105 ms of wall time (46 ms of CPU) per step, most of it
-    waiting to win the GIL back after each call; with this, 60 ms (docs/benchmarks.md).
+    calls and no list building; rebuilding them and calling four times per key spent most of the
+    posting's time waiting to win the GIL back (docs/experiments/per-tensor-cost.md, "Figures
+    behind the MXNet plugin's posting rules").
 
     ``parts[i]`` are partition i's avatars, held by ready proxy i and written by the backend;
     ``tensors`` are the framework's arrays the fences order (may be empty).
@@ -224,8 +224,8 @@ class StoreCall:
 
     Made by the library, the store's operation costs the training thread no call into MXNet's
     Python API, which converts its arguments on every call and lets go of the GIL, then has to win
-    it back from the Core's thread and the engine's: on a local store, 6.9 us per pushpull of one
-    key against 3.1 us through the library (docs/benchmarks.md).
+    it back from the Core's thread and the engine's: twice what the library's call costs
+    (docs/experiments/per-tensor-cost.md, "Figures behind the MXNet plugin's posting rules").
     """
 
     def __init__(self, store: mx.kv.KVStore, keys: Sequence[int], values: Sequence[Sequence[mx.nd.NDArray]],
@@ -308,8 +308,8 @@ class ProxyEvents:
     sleeps in the library's blocking wait (the GIL is released there), costs nothing while the
     engine is quiet, and takes events in batches, so thousands of tiny partitions cost one wake-up
     per batch rather than one per partition. A thread of this module's own that handed every
-    batch on to the Core's queue cost a second wake-up and GIL hand-off per batch, and took
-    6-25 us of CPU per tensor (`python -m benchmarks overhead`, docs/benchmarks.md).
+    batch on to the Core's queue cost a second wake-up and GIL hand-off per batch
+    (docs/experiments/per-tensor-cost.md, "Figures behind the MXNet plugin's posting rules").
     """
 
     BATCH = 256

@@ -166,7 +166,7 @@ class PartitionedOptimizer:
     def _old_parts_covering(self, key: int, part: Part) -> list[int]:
         """Older-generation keys of the same parameter whose states overlap ``part``."""
         if "_older" not in self.__dict__:  # built once per layout: thousands of keys stay linear
-            self._older: dict[int, list[tuple[int, int]]] = {}
+            self._older: dict[int | str, list[tuple[int, int]]] = {}
             for k, p in sorted(self.parts.items(), key=lambda item: item[1].start):
                 if p.generation < self.generation:
                     self._older.setdefault(p.plain_index, []).append((k, p.generation))

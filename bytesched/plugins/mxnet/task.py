@@ -155,7 +155,7 @@ class ProxiedTask(CommTask):
             self.notify_finish(subtasks[index])
         else:  # released on ready and done before the Core thread partitioned the task: finish
             # it there, after the enqueue and ready events that are ahead of this one in its queue
-            self.core.call_soon(lambda: self.notify_finish(self.subtasks[index]))  # type: ignore[union-attr]
+            self.core.call_soon(lambda: self.notify_finish(self.subtasks[index]))  # type: ignore[union-attr]  # enqueued
 
     def on_finish(self) -> None:
         self.events.forget(self.token)

@@ -15,6 +15,7 @@ import torch
 
 from bytesched.core import SubTask
 from bytesched.core.core import Completions
+from bytesched.core.task import Batcher
 
 if TYPE_CHECKING:
     from bytesched.runtime.stall_watch import StallWatch
@@ -51,6 +52,8 @@ class Backend(ABC):
     fuses_by_itself: bool
     passes_per_step: int | None = None
     completions: Completions | None = None
+    batches: bool = False
+    """:meth:`batcher_for` gives batchers (batching while busy)."""
 
     @abstractmethod
     def wire(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -101,6 +104,12 @@ class Backend(ABC):
 
     def check_idle(self) -> None:
         """Fail if the library started communication of its own behind bytesched's back."""
+
+    def batcher_for(self, wire: torch.Tensor) -> Batcher | None:
+        """Where partitions of ``wire`` may start in batches with others' (batching while busy):
+        None unless the library runs one collective over several tasks' pieces and every rank
+        starts the same batches."""
+        return None
 
 
 def operation_buffer(nbytes: int, device: torch.device) -> torch.Tensor:

@@ -20,6 +20,7 @@ from bytesched.core import SubTask
 
 from .backend import Backend, operation_buffer
 from .fusion import unpack
+from .task import GradientBatcher
 
 if TYPE_CHECKING:
     from bytesched.runtime.stall_watch import StallWatch
@@ -36,11 +37,21 @@ class DistributedBackend(Backend):
     name = "torch.distributed"
     order = "rank0"
     fuses_by_itself = False
+    batches = True
 
     def __init__(self, group: Any = None) -> None:
         self._group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self._batchers: dict[tuple[torch.dtype, torch.device], GradientBatcher] = {}
+
+    def batcher_for(self, wire: torch.Tensor) -> GradientBatcher:
+        """One batcher per type and device: followers start rank 0's batches (``rank0`` order)."""
+        key = (wire.dtype, wire.device)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            batcher = self._batchers[key] = GradientBatcher(self.all_reduce_async)
+        return batcher
 
     def barrier(self) -> None:
         dist.barrier(group=self._group)

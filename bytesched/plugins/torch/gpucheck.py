@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -41,6 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from bytesched.check_gpu import MODELS as _MODELS
 from bytesched.core import SchedulingParams, from_env, shutdown
 from bytesched.launch.ports import free_port
 from bytesched.runtime.path_trial import TRIAL_STEPS
@@ -273,9 +275,6 @@ def _build(name: str) -> tuple[nn.Module, Callable[[int, Any], tuple[torch.Tenso
     return BUILDERS[name]()
 
 
-from bytesched.check_gpu import MODELS as _MODELS
-
-
 CONFIGURATIONS = ("ddp", "barrier", "cross")
 
 
@@ -308,7 +307,7 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
             try:
                 _iterations(models[config], optimizer, inputs, options.warmup)
                 # the timed iterations run on the path the job keeps
-                step_until_settled(optimizer, lambda: _iterations(models[config], optimizer, inputs, 1))
+                step_until_settled(optimizer, functools.partial(_iterations, models[config], optimizer, inputs, 1))
                 _landed(optimizer, device)
                 times[config].append(_timed_iterations(models[config], optimizer, inputs, options.steps, device))
                 paths[config].append(_path(optimizer))
@@ -365,7 +364,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{row['optimizer']:<10}{row['mode']:<14}{row['identical']:>11}/{row['tensors']:<7}"
                      f"{row['max_abs_diff']:>12.3g}  {row['path']}")
     lines += ["", "Milliseconds per iteration (median of rounds; ratio: DDP's time / bytesched's, >1 is faster;",
-              "each bytesched round a job of its own, with no settings: its start-up plan and path trial run in the warm-up):",
+              "each bytesched round a job of its own, with no settings: its start-up plan and path trial run in the "
+              "warm-up):",
               f"{'model':<13}{'batch':>6}{'grads':>7}{'DDP':>9}{'barrier':>9}{'ratio':>7}{'crossing':>10}{'ratio':>7}"]
     for row in report["timing"]:
         lines.append(f"{row['model']:<13}{row['batch']:>6}{row['gradients']:>7}{row['ddp_ms']:>9.1f}"

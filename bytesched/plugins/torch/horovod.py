@@ -140,7 +140,7 @@ class HorovodBackend(Backend):
     fuses_by_itself = True
     completions: HandlePoller
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: Any) -> None:  # hvd.DistributedOptimizer: Horovod's class, untyped
         import horovod.torch as hvd
         if getattr(optimizer, "_groups", None) is not None:
             raise ValueError("hvd.DistributedOptimizer(groups=...) fuses tensors by hand, while "
@@ -184,7 +184,8 @@ class HorovodBackend(Backend):
     def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         # hvd.DistributedOptimizer's class derives from the user's optimizer class; that class's
         # step updates without Horovod's synchronize().
-        return type(optimizer).__mro__[1].step
+        users_class: Any = type(optimizer).__mro__[1]
+        return users_class.step
 
     def check_idle(self) -> None:
         """Fail if Horovod's own gradient hooks started an all-reduce (they must stay silent)."""
@@ -221,7 +222,7 @@ class HorovodBackend(Backend):
 
 def _report(sub: SubTask, error: BaseException | None) -> None:
     """A partition's Horovod handle finished (or failed): tell its task."""
-    task: "GradientTask" = sub.task  # type: ignore[assignment]
+    task: "GradientTask" = sub.task  # type: ignore[assignment]  # the plugin's tasks
     if error is None:
         task.finish(sub)
     else:

@@ -25,9 +25,12 @@ from torch import nn
 
 from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
+from bytesched.core.forward import ForwardRecorder
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
+from bytesched.runtime.forward_order import announce, order_by_graph
 from bytesched.runtime.plan import PlanOutcome, StartupPlan, stay_out_fusion, wants_plan
+from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
@@ -104,8 +107,12 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                         PartialStep(optimizer, self._plain_step), passes)
         sink = self._core.timeline
         self._timeline = StepTimeline(sink) if isinstance(sink, ChromeTimeline) else None
-        self._proxies = ForwardProxies(model, slots, self._pipeline, ForwardTrace(slot.param for slot in slots),
-                                       on_wait=None if self._timeline is None else self._timeline.forward_wait)
+        # Under tictac the trace also records which functions use which results: TicTac's graph.
+        self._recorder = ForwardRecorder() if config.policy == "tictac" else None
+        self._proxies = ForwardProxies(model, slots, self._pipeline,
+                                       ForwardTrace((slot.param for slot in slots), self._recorder),
+                                       on_wait=None if self._timeline is None else self._timeline.forward_wait,
+                                       on_settle=self._order_settled)
         self._ready_hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
                              for slot in slots]
         self._hooks = []
@@ -147,7 +154,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
 
     # -- the torch.optim API ------------------------------------------------------------------
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         """The wrapped optimizer's groups (an LR scheduler changes them there)."""
         return self._inner.param_groups
 
@@ -156,7 +163,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._inner.param_groups = groups
 
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         """The wrapped optimizer's per-parameter state."""
         return self._inner.state
 
@@ -165,7 +172,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._inner.state = state
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         """The wrapped optimizer's defaults."""
         return self._inner.defaults
 
@@ -173,7 +180,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def defaults(self, defaults: dict[str, Any]) -> None:
         self._inner.defaults = defaults
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Crossing the barrier: release this iteration's updates and return at once (no closure).
         Barrier mode, or passing through: wait for every all-reduce, then run the wrapped
         optimizer's step."""
@@ -259,7 +266,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._trial_outcome
 
     @property
-    def plan_trial(self) -> path_trial.TrialOutcome | None:
+    def plan_trial(self) -> TrialOutcome | None:
         """What timing the plan's sizes against staying out measured and kept, once a plan that
         chose sizes did so (``BYTESCHED_PLAN_TRIAL``)."""
         return self._sizes.trial_outcome
@@ -345,7 +352,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             (backend.order != "rank0" or self._alone_on_core())
         return self._observer(StartupPlan, backend, model_bytes, device,
                               stay_out_bound=_stay_out_bound(config, device, backend, model_bytes),
-                              weighs_fusion=_weighs_fusion(device),
+                              weighs_fusion=_weighs_fusion(device), batches=backend.batches,
                               pass_through_margin=_pass_through_margin(config, device), tries_sizes=tries_sizes)
 
     def _observer(self, kind: type[Observer], backend: Backend, model_bytes: int, device: torch.device,
@@ -470,6 +477,15 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                                    first_step=self._steps - 1)
         log.info("bytesched: %s; from step %d on, gradients take %s's own path", reason, self._steps - 1,
                  self._backend.name)
+
+    def _order_settled(self, read: list[ParamSlot], unread: list[ParamSlot]) -> None:
+        """The first forward pass gave the priorities: say so once and, under ``tictac``, hand
+        the Core the traced pass, each parameter brought by its bucket's task, as TicTac's
+        graph (:mod:`bytesched.runtime.forward_order`)."""
+        announce(self._core, [slot.name for slot in read], [slot.name for slot in unread], traced=True)
+        if self._recorder is not None:
+            forward, self._recorder = self._recorder.finish(), None
+            order_by_graph(self._core, forward, {id(slot.param): [slot.bucket.name] for slot in self._pipeline.slots})
 
     def _ready_proxy(self, slot: ParamSlot) -> Callable[[torch.Tensor], None]:
         timeline = self._timeline
@@ -603,7 +619,7 @@ def _measures_paths(config: Config) -> bool:
     the Transformer 0.97x-0.98x and 1.02x-1.05x; on 4 emulated CPU ranks over Horovod at
     2.5-10 Gbit/s, where plain Horovod's wait spins beside the other ranks on the same cores,
     measuring ran 1.02x-1.24x plain Horovod against 0.91x-1.03x passing through as predicted
-    (docs/benchmarks.md)."""
+    (docs/experiments/gpu.md, docs/experiments/pytorch-stay-out.md)."""
     return config.stay_out_path != "predict"
 
 

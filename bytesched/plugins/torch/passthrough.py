@@ -167,8 +167,9 @@ class HorovodPassThrough(PassThrough):
 
     hears_gradients = True
     library = "Horovod"
+    _optimizer: Any  # hvd.DistributedOptimizer: Horovod's class, untyped
 
-    def __init__(self, optimizer: torch.optim.Optimizer, slots: list[ParamSlot], plain_step: Callable[..., Any],
+    def __init__(self, optimizer: Any, slots: list[ParamSlot], plain_step: Callable[..., Any],
                  barrier: bool, watch: StallWatch, first_step: int) -> None:
         # The hooks Horovod's constructor made for every parameter it reduces (HorovodBackend
         # dropped the nodes it had hung them on).

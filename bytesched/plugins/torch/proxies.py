@@ -23,11 +23,14 @@ from .trace import ForwardTrace
 
 class ForwardProxies:
     """Forward pre-hooks and forward hooks on every module of ``model``; ``on_wait(slot, begin,
-    end)`` hears of each wait that blocked (None: nobody listens)."""
+    end)`` hears of each wait that blocked, ``on_settle(read, unread)`` of the slots by priority
+    once the trace settled (None: nobody listens)."""
 
     def __init__(self, model: nn.Module, slots: list[ParamSlot], pipeline: UpdatePipeline,
-                 trace: ForwardTrace, on_wait: Callable[[ParamSlot, float, float], None] | None = None) -> None:
+                 trace: ForwardTrace, on_wait: Callable[[ParamSlot, float, float], None] | None = None,
+                 on_settle: Callable[[list[ParamSlot], list[ParamSlot]], None] | None = None) -> None:
         self._slots = slots
+        self._on_settle = on_settle
         self._on_wait = on_wait
         self._pipeline = pipeline
         self._trace = trace
@@ -81,6 +84,8 @@ class ForwardProxies:
             for handle in self._handles.pop(module):
                 handle.remove()
         self._settled = True
+        if self._on_settle is not None:
+            self._on_settle(observed, unobserved)
 
     def remove(self) -> None:
         """Remove every hook (the optimizer was closed, or its gradients pass through)."""

@@ -10,7 +10,7 @@ CUDA (see :mod:`.streams`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
@@ -62,6 +62,7 @@ class GradientTask(CommTask):
                  on_failed: Callable[[BaseException], None]) -> None:
         wire, context = backend.wire(pack(grads))
         super().__init__(bucket.name, bucket.priority, wire.numel() * wire.element_size())
+        self.batcher = backend.batcher_for(wire)
         self.bucket = bucket
         self.grads = grads
         self.wire = wire
@@ -110,7 +111,7 @@ class GradientTask(CommTask):
         the calling thread's current stream (c10d runs future callbacks on streams that waited
         for the collective; Horovod reports a handle once its work is done)."""
         if self.ready is not None:  # CUDA: ``communicated`` is a list
-            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]
+            self.communicated.append(streams.mark(self.device))  # type: ignore[union-attr]  # CUDA: a list
         self.notify_finish(subtask)
 
     def on_finish(self) -> None:
@@ -124,3 +125,46 @@ class GradientTask(CommTask):
         that its credit returns and the task completes (the pipeline then discards it)."""
         self._on_failed(error)
         self.notify_finish(subtask)
+
+
+class GradientBatcher:
+    """Starts a batch of partitions, of one or several tasks whose wire buffers share a device and
+    a type, as one all-reduce (batching while busy, :mod:`bytesched.core.scheduler`): the pieces
+    are copied into one buffer, the backend sums it, and its completion copies each piece's sum
+    back before the piece's task hears of it. Every rank starts the same batches (rank 0's
+    announced order), so the sums are those of the pieces' own all-reduces, element by element."""
+
+    def __init__(self, all_reduce_async: Callable[[torch.Tensor], Any]) -> None:
+        self._all_reduce_async = all_reduce_async
+
+    def start_batch(self, batch: Sequence[SubTask]) -> None:
+        """Core thread: on CUDA after every task's gradients were computed, on the communication
+        stream (as :meth:`GradientTask.start`)."""
+        owners = [cast(GradientTask, sub.task) for sub in batch]  # a batcher of GradientTasks only
+        device = owners[0].device
+        try:
+            with streams.comm_stream(device):
+                streams.wait({id(task): task.ready for task in owners}.values(), device)
+                self._start(batch, owners)
+        except Exception as error:  # the backend refused: every partition is over, badly
+            for sub, task in zip(batch, owners):
+                task.fail(sub, error)
+
+    def _start(self, batch: Sequence[SubTask], owners: list[GradientTask]) -> None:
+        pieces = [sub.payload.view(-1) for sub in batch]
+        flat = torch.cat(pieces)
+        work = self._all_reduce_async(flat)
+
+        def done(future: torch.futures.Future) -> None:
+            try:
+                future.value()  # raises the collective's error, if any
+                for piece, summed in zip(pieces, flat.split([piece.numel() for piece in pieces])):
+                    piece.copy_(summed)
+            except BaseException as error:
+                for sub, task in zip(batch, owners):
+                    task.fail(sub, error)
+            else:
+                for sub, task in zip(batch, owners):
+                    task.finish(sub)
+
+        work.get_future().then(done)

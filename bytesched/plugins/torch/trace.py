@@ -13,7 +13,9 @@ Two things are learnt once, from the first forward pass through the model:
 
 Reads are observed with a ``TorchFunctionMode`` (every torch function sees its tensor arguments)
 that is active only during that first forward pass, from the first call into any of the model's
-modules until that call returns.
+modules until that call returns. Given a :class:`~bytesched.core.forward.ForwardRecorder`, the
+trace also hands it every function's tensor arguments and results: which functions use which
+results, the graph TicTac orders by (``tictac``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from bytesched.core.forward import ForwardRecorder
 
 HookPoint = tuple[nn.Module, str]
 """A module boundary: ``(module, "pre")`` before its forward runs, ``(module, "post")`` after."""
@@ -47,9 +51,10 @@ class ForwardTrace(TorchFunctionMode):
     (first module entered: the mode is pushed) -> ``done`` (that module returned: popped).
     """
 
-    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+    def __init__(self, params: Iterable[nn.Parameter], recorder: ForwardRecorder | None = None) -> None:
         super().__init__()
         self._watched = {id(p) for p in params}
+        self.recorder = recorder
         self.first_read: dict[int, tuple[int, HookPoint]] = {}
         self.state = "armed"
         self._last: HookPoint | None = None
@@ -80,4 +85,7 @@ class ForwardTrace(TorchFunctionMode):
             if key in self._watched and key not in self.first_read:
                 assert self._last is not None  # the trace starts at a module boundary
                 self.first_read[key] = (len(self.first_read), self._last)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if self.recorder is not None:
+            self.recorder.op(_tensors((args, kwargs)), _tensors((result,)))
+        return result
