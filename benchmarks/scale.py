@@ -90,7 +90,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "median_share": statistics.median(shares) if shares else None,
             "min_share": min(shares) if shares else None,
             "median_achievable_share": statistics.median(r["achievable_share"] for r in counted) if counted else None,
-            "median_share_with_decoupled": statistics.median(r["decoupled_share"] for r in counted) if counted else None,
+            "median_share_with_decoupled":
+                statistics.median(r["decoupled_share"] for r in counted) if counted else None,
             "min_share_with_decoupled": min(r["decoupled_share"] for r in counted) if counted else None,
             "below_0.3": sum(s < 0.3 for s in shares),
             "min_plan_speedup": min(r["speedups"]["plan"] for r in rows),
@@ -114,7 +115,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", f"Over the {s['counted']} of {s['scenarios']} scenarios whose ideal gains at least 5 %: median share "
               f"{s['median_share']:.2f}, lowest {s['min_share']:.2f} ({s['below_0.3']} below 0.3; the achievable "
               f"bound's median {s['median_achievable_share']:.2f}; weighing DeAR too, median "
-              f"{s['median_share_with_decoupled']:.2f}, lowest {s['min_share_with_decoupled']:.2f}); the plan's lowest speedup "
+              f"{s['median_share_with_decoupled']:.2f}, lowest {s['min_share_with_decoupled']:.2f}); "
+              "the plan's lowest speedup "
               f"{s['min_plan_speedup']:.2f}x ({s['below_vanilla']} below vanilla)."]
     return "\n".join(lines)
 
@@ -131,7 +133,8 @@ def breakdown_markdown(result: dict[str, Any]) -> str:
         stages = r["breakdown"]["stages"]
         gaps = " | ".join(f"{gap['seconds'] * 1e3:+.1f}" for gap in r["breakdown"]["gaps"])
         lines.append(f"| {r['model']} {'all-reduce' if r['arch'] == 'allreduce' else 'PS'} {r['workers']}, "
-                     f"{r['bandwidth'].replace('Gbps', ' Gbit/s')} | {stages[0]['iteration_time'] * 1e3:.1f} | {gaps} | "
+                     f"{r['bandwidth'].replace('Gbps', ' Gbit/s')} | {stages[0]['iteration_time'] * 1e3:.1f} | "
+                     f"{gaps} | "
                      f"{stages[-1]['iteration_time'] * 1e3:.1f} |")
     return "\n".join(lines)
 
@@ -194,8 +197,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--overhead", help="the per-message overhead θ, e.g. 50us (default: the simulator's, 300us)")
     parser.add_argument("--docs", action="store_true",
-                        help="run the grid (with --breakdown) and the held-out clusters, and write docs/data/scale_*.json "
-                             "and docs/simulator.md's section")
+                        help="run the grid (with --breakdown) and the held-out clusters, and write "
+                             "docs/data/scale_*.json and docs/simulator.md's section")
     parser.set_defaults(func=main)
 
 

@@ -343,7 +343,8 @@ def docs_section(result: dict[str, Any]) -> str:
              f"{meta.get('revision')}, {meta.get('started', '')[:10]}; every seed's trials in "
              "[docs/data/tuning_study.json](data/tuning_study.json)). Mean ± standard deviation of the trials "
              f"to come within {settings['tolerance']:.0%} of the grid optimum over {seeds} seeds (median in "
-             f"brackets), noise {settings['noise']:.0%}, xi = {settings['xi']:g}; in bold the fewest of the searches that "
+             f"brackets), noise {settings['noise']:.0%}, xi = {settings['xi']:g}; "
+             "in bold the fewest of the searches that "
              "start knowing nothing (all but the warm start).", "",
              header, "|---" * (len(methods) + 2) + "|"]
     ahead, medians, worst, within_ten, runs = 0, [], 0, 0, 0
@@ -364,18 +365,21 @@ def docs_section(result: dict[str, Any]) -> str:
               f"- **BO needs fewer trials on average than random search, grid search and SGD with momentum in {ahead} "
               f"of {len(scenarios)} scenarios**; its median is {min(medians):g}-{max(medians):g} trials, {within_ten} "
               f"of its {runs} runs reach the target within 10 trials, the worst after {worst}. SGD is the best of "
-              f"{len(SGD_RATES) * len(SGD_MOMENTA)} settings per scenario (learning rates {', '.join(f'{r:g}' for r in SGD_RATES)} "
+              f"{len(SGD_RATES) * len(SGD_MOMENTA)} settings per scenario "
+              f"(learning rates {', '.join(f'{r:g}' for r in SGD_RATES)} "
               f"x momenta {', '.join(f'{m:g}' for m in SGD_MOMENTA)}), as the paper reports each alternative with its "
               "best hyper-parameters."]
     lines.append("- **Warm-started BO** (three predicted pairs first, from a cluster mis-measured on purpose: "
-                 + "; ".join(f"seeds {i} mod {len(MIS_ESTIMATES)} with bandwidth x{e['bandwidth']:g}, θ x{e['overhead']:g}, "
-                             f"compute x{e['compute']:g}" for i, e in enumerate(scenarios[0]["warm_start"]["mis_estimates"]))
+                 + "; ".join(f"seeds {i} mod {len(MIS_ESTIMATES)} with bandwidth x{e['bandwidth']:g}, "
+                             f"θ x{e['overhead']:g}, compute x{e['compute']:g}"
+                             for i, e in enumerate(scenarios[0]["warm_start"]["mis_estimates"]))
                  + "): " + ", ".join(f"{s['label']} {s['methods']['bo-warm']['mean']:.1f}" for s in scenarios)
                  + " trials on average.")
     stop = [s["stop_rule"] for s in scenarios]
     lines.append(f"- **The stop rule** (at least {MIN_TRIALS} trials, then two trials in a row with less than "
                  f"{MIN_GAIN:.0%} expected gain; at most {STOP_RULE_MAX_TRIALS}) ended the searches after "
-                 + ", ".join(f"{s['label']} {r['trials']['mean']:.1f} ± {r['trials']['sd']:.1f}" for s, r in zip(scenarios, stop))
+                 + ", ".join(f"{s['label']} {r['trials']['mean']:.1f} ± {r['trials']['sd']:.1f}"
+                             for s, r in zip(scenarios, stop))
                  + " trials, keeping a pair within 2% of the grid optimum in "
                  + ", ".join(f"{r['within_tolerance']}" for r in stop) + f" of {seeds} runs (mean gap "
                  + ", ".join(f"{r['gap_mean']:.1%}" for r in stop) + "; worst "
@@ -384,7 +388,8 @@ def docs_section(result: dict[str, Any]) -> str:
                  + ", ".join(f"{s['label']} {s['within_tolerance_fraction']:.0%} of the lattice within 2% of "
                              f"{_size_pair(s['grid_optimum'])}" for s in scenarios) + ".")
     lines += ["", "![landscapes](img/tuning_landscapes.png)", "",
-              f"Cost of this run: {result['wall_seconds']:.0f} s wall on {meta.get('cpus', '?')} cores; a landscape took "
+              f"Cost of this run: {result['wall_seconds']:.0f} s wall on {meta.get('cpus', '?')} cores; "
+              "a landscape took "
               + ", ".join(f"{s['seconds']['landscape_simulation']:.1f}" for s in scenarios)
               + " s to simulate (169 pairs), a warm-start prediction "
               + ", ".join(f"{s['warm_start']['simulation_seconds']:.2f}" for s in scenarios)

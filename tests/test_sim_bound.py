@@ -26,8 +26,8 @@ def test_achievable_bound_of_a_two_layer_chain_by_hand() -> None:
     assert max(compute_time(profile, cluster), communication_time(profile, cluster)) == pytest.approx(4.0)
     # a parameter server applies the update on its server, after the layer's pull
     ps = Cluster(workers=2, arch="ps", bandwidth=100.0, servers=2)
-    updated = ModelProfile("two", tuple(Layer(l.name, l.forward, l.backward, l.tensors, update=0.5)
-                                        for l in profile.layers))
+    updated = ModelProfile("two", tuple(Layer(layer.name, layer.forward, layer.backward, layer.tensors, update=0.5)
+                                        for layer in profile.layers))
     # push rate: 200 B/s per worker link, servers carry 2 x 1/2 of it: 400 B at 100 B/s each way
     assert achievable_time(updated, ps) == pytest.approx(achievable_time(profile, ps) + 0.5)
 

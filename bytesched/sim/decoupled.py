@@ -19,6 +19,7 @@ ring's latency (NCCL has no tree for either half). See docs/simulator.md, "Decou
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -88,7 +89,7 @@ class DecoupledAllreduce:
             key = ("all-gather", iteration, gathers.next)
             gathers.next += 1
             self.ring.submit_collective(key, sum(task.nbytes for task in bucket), HALF,
-                                        lambda bucket=bucket: self._gathered(worker, bucket))
+                                        functools.partial(self._gathered, worker, bucket))
         if gathers.next == len(gathers.buckets):
             del self._gathers[worker.index, iteration]
 

@@ -251,14 +251,18 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     achievable = p.achievable_time
     lines.append(f"{'achievable':<15}{'':>10}{'':>9}{achievable * 1e3:>10.2f} ms"
                  f"{p.samples_per_second(achievable):>12.1f}{p.vanilla.iteration_time / achievable:>8.2f}x")
-    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, communication {p.communication_time * 1e3:.2f} ms); "
+    lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, "
+                 f"communication {p.communication_time * 1e3:.2f} ms); "
                  f"achievable = Theorem 1's order, free messages, fine partitions)")
     if p.breakdown is not None:
         lines.append("where the time from the ideal to the plan goes:")
         for (cause, seconds), stage in zip(p.breakdown.gaps(), p.breakdown.stages[1:]):
-            sizes = "" if stage.params is None else (f" (best of the grid: {format_size(stage.params.partition_bytes)}"
-                                                     f" / {format_size(stage.params.credit_bytes)})")
-            lines.append(f"  {cause:<26}{seconds * 1e3:>+9.2f} ms -> {stage.name} {stage.iteration_time * 1e3:.2f} ms{sizes}")
+            sizes = ""
+            if stage.params is not None:
+                partition = format_size(stage.params.partition_bytes)  # type: ignore[arg-type]  # a grid's are set
+                sizes = f" (best of the grid: {partition} / {format_size(stage.params.credit_bytes)})"
+            lines.append(f"  {cause:<26}{seconds * 1e3:>+9.2f} ms -> {stage.name} "
+                         f"{stage.iteration_time * 1e3:.2f} ms{sizes}")
     return "\n".join(lines)
 
 

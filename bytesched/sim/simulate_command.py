@@ -82,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
             latency=args.latency, collective=args.collective, assignment=args.assignment,
             asynchronous=args.asynchronous or None,
-            fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes, worker_specs=args.worker or None)
+            fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes,
+            worker_specs=args.worker or None)
     except (ConfigError, ProfileError, SimulationError, ValueError) as error:
         print(f"bytesched simulate: {error}", file=sys.stderr)
         return 2

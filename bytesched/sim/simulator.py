@@ -277,7 +277,6 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     if not loop.run():
         raise SimulationError(_stall_report(policy, workers, loop.now))
 
-    marks = leader.backward_starts
     started = leader.scheduler.stats.subtasks_started
     steps = [(w.backward_starts[total] - w.backward_starts[warmup]) / iterations for w in measured]
     return RunResult(

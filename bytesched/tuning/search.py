@@ -184,7 +184,7 @@ class BayesianSearch:
         tried = {p for p, _ in self.measured}
         return [p for p in self.space.points() if p not in tried]
 
-    def _best_mean(self, model) -> float:  # type: ignore[no-untyped-def]
+    def _best_mean(self, model: Any) -> float:
         """The best (least) posterior mean of ``-log(throughput)`` over the measured points."""
         with threadpool_limits(limits=1):
             return float(np.min(model.predict(self._optimizer.space.transform([list(p) for p, _ in self.measured]))))
