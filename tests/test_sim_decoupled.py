@@ -46,6 +46,12 @@ def test_only_an_all_reduce_job_under_a_policy_can_be_decoupled() -> None:
         run(TWO_LAYERS, FREE, "vanilla", decoupled=True)
 
 
+def test_a_decoupled_all_reduce_refuses_batching_while_busy_instead_of_ignoring_it() -> None:
+    params = SchedulingParams(partition_bytes=100, credit_bytes=UNLIMITED, batch_bytes=50)
+    with pytest.raises(ValueError, match="batch_bytes=50.*decoupled"):
+        run(TWO_LAYERS, FREE, "bytescheduler", params, decoupled=True)
+
+
 def test_the_plan_weighs_a_decoupled_all_reduce_only_when_asked() -> None:
     # the Transformer's forward pass is half its backward pass, and communication twice its
     # compute at 100 Gbit/s among 64 workers: the all-gathers fill the forward pass

@@ -203,6 +203,9 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         raise ValueError(f"a decoupled all-reduce needs an all-reduce cluster and a policy, not {cluster.arch} "
                          f"under {policy}")
     params = params or SchedulingParams()
+    if decoupled and params.batch_bytes > 0:  # a batch is one whole all-reduce, as torch.distributed runs it
+        raise ValueError(f"batching while busy (batch_bytes={params.batch_bytes}) is not modelled with a decoupled "
+                         f"all-reduce")
     vanilla = policy == VANILLA
     policy_name = "fifo" if vanilla else policy
     leader_policy = make_policy(policy_name, params)
