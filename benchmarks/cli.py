@@ -22,6 +22,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.overhead",
     "benchmarks.plan_study",
     "benchmarks.compiled",
+    "benchmarks.scale",
 )
 
 

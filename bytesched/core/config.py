@@ -158,7 +158,7 @@ class Config:
     tuning_steps_per_trial: int = 50
     tuning_warmup_steps: int = 10
     tuning_seed: int = 0
-    tuning_xi: float = 0.1
+    tuning_xi: float = 0.03
     tuning_log: str | None = None
     tuning_load: str | None = None
     tuning_profile: str | None = None
@@ -401,7 +401,7 @@ VARIABLES: tuple[Variable, ...] = (
              "Tuning: steps at the start of each trial that are not measured."),
     Variable("BYTESCHED_TUNING_SEED", "tuning_seed", _count(0), "0",
              "Tuning: seed of the optimiser's random choices (the same seed proposes the same points)."),
-    Variable("BYTESCHED_TUNING_XI", "tuning_xi", _non_negative_float, "0.1",
+    Variable("BYTESCHED_TUNING_XI", "tuning_xi", _non_negative_float, "0.03",
              "Tuning: exploration parameter of Expected Improvement, in log-throughput units."),
     Variable("BYTESCHED_TUNING_LOG", "tuning_log", _text, "(off)",
              "Tuning: rank 0 writes every trial to this CSV file (trial, partition, credit, throughput, best)."),
