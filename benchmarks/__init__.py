@@ -3,9 +3,10 @@
 Run from a checkout, ``python -m benchmarks <name>`` (``--help`` lists them): the Core's own
 throughput (``core``), the tuner's search cost (``tuning``), the simulator's speed (``sim``),
 training on an emulated network (``emulated``), a fault-free soak (``soak``) and bytesched's
-per-tensor cost over plain Horovod (``overhead``) and the no-settings plan against
-a grid search in the simulator (``plan``). The emulated network and device they use live
-here too (:mod:`benchmarks.emulation`, ``csrc/emulated_device.cc``). Docs: docs/benchmarks.md.
+per-tensor cost over plain Horovod (``overhead``), the no-settings plan against a grid search in
+the simulator (``plan``), the plan's share of the ideal's gain at GPU speed and at scale
+(``scale``) and a compiled model against compiled DDP (``compiled``). The emulated network and
+device they use live here too (:mod:`benchmarks.emulation`, ``csrc/emulated_device.cc``). Docs: docs/benchmarks.md.
 """
 
 from pathlib import Path

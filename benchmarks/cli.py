@@ -21,6 +21,8 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.soak",
     "benchmarks.overhead",
     "benchmarks.plan_study",
+    "benchmarks.compiled",
+    "benchmarks.scale",
 )
 
 

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -76,6 +77,41 @@ def test_mxnet_over_horovod() -> None:
                       EXAMPLES / "mxnet_horovod.py", "--epochs", "2", "--train-size", "256"], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     assert accuracies(result.stdout)[-1] > 50, result.stdout
+
+
+
+def epoch_lines(output: str) -> list[str]:
+    return re.findall(r"epoch \d+: loss [\d.]+, test accuracy [\d.]+%", output)
+
+
+def trains_alike(command: Callable[[str], list[Any]]) -> None:
+    """``command(mode)`` run with ``--bytesched`` and ``--no-bytesched`` prints the same losses and
+    accuracies, and learns."""
+    runs = [run_job(command(mode), timeout=300) for mode in ("--bytesched", "--no-bytesched")]
+    for result in runs:
+        assert result.returncode == 0, result.stdout[-3000:]
+    scheduled, plain = (epoch_lines(result.stdout) for result in runs)
+    assert len(scheduled) == 2 and scheduled == plain, (scheduled, plain)
+    assert accuracies(runs[0].stdout)[-1] > 25, runs[0].stdout
+
+
+def test_pytorch_compiled_model_under_torchrun_trains_as_with_ddp() -> None:
+    """torch.compile(model), DistributedSampler, accumulation, evaluation every epoch: the same
+    losses and accuracies with bytesched as with DistributedDataParallel."""
+    torchrun = require_executable("torchrun")
+    trains_alike(lambda mode: [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
+                               EXAMPLES / "pytorch_compile_torchrun.py", "--epochs", "2", "--steps-per-epoch", "8",
+                               mode])
+
+
+def test_pytorch_compiled_training_step_under_horovod_trains_as_plain_horovod() -> None:
+    """A compiled forward-and-loss function, backward_passes_per_step, evaluation every epoch: the
+    same losses and accuracies with bytesched's two lines as without them."""
+    horovodrun = require_executable("horovodrun")
+    require("horovod.torch", "Horovod with PyTorch")
+    trains_alike(lambda mode: [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                               EXAMPLES / "pytorch_compile_horovod.py", "--epochs", "2", "--steps-per-epoch", "8",
+                               mode])
 
 
 def resnet_job(stack: str, save: Path, bytesched: bool) -> list[str]:

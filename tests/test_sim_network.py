@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bytesched.core.task import SubTask
-from bytesched.sim.allreduce import RingAllreduce
+from bytesched.sim.allreduce import Allreduce, CollectiveCost
 from bytesched.sim.engine import EventLoop, Timer
 from bytesched.sim.network import PULL, PUSH, SPREAD, FullDuplexFabric, SharedMediumFabric
 from bytesched.sim.ps import Assignment, ParameterServer
@@ -161,7 +161,7 @@ def subtasks(*sizes: int) -> list[SubTask]:
 def test_ring_allreduce_cost_and_one_collective_at_a_time() -> None:
     loop = EventLoop()
     fabric = FullDuplexFabric(loop, [100.0], [4], num_servers=1, server_bandwidth=100.0)
-    ring = RingAllreduce(loop, fabric, workers=4, num_classes=1, overhead=0.3, latency=0.01)
+    ring = Allreduce(loop, CollectiveCost(fabric, 4, overhead=0.3, latency=0.01, algorithm="ring"), num_classes=1)
     log: list[tuple[str, float]] = []
     for sub in subtasks(400, 200):
         ring.submit(sub, arrivals(loop, log, sub.task.name))
@@ -174,7 +174,7 @@ def test_ring_allreduce_cost_and_one_collective_at_a_time() -> None:
 def test_collective_waits_for_every_worker_class() -> None:
     loop = EventLoop()
     fabric = FullDuplexFabric(loop, [100.0, 100.0], [1, 1], num_servers=1, server_bandwidth=100.0)
-    ring = RingAllreduce(loop, fabric, workers=2, num_classes=2, overhead=0.0, latency=0.0)
+    ring = Allreduce(loop, CollectiveCost(fabric, 2, overhead=0.0, latency=0.0, algorithm="ring"), num_classes=2)
     log: list[tuple[str, float]] = []
     (sub,) = subtasks(100)
     ring.submit(sub, arrivals(loop, log, "class0"))
@@ -186,7 +186,7 @@ def test_collective_waits_for_every_worker_class() -> None:
 def test_horovod_fusion_batches_one_cycle_up_to_the_threshold() -> None:
     loop = EventLoop()
     fabric = FullDuplexFabric(loop, [1000.0], [2], num_servers=1, server_bandwidth=1000.0)
-    ring = RingAllreduce(loop, fabric, workers=2, num_classes=1, overhead=1.0, latency=0.0,
+    ring = Allreduce(loop, CollectiveCost(fabric, 2, overhead=1.0, latency=0.0, algorithm="ring"), num_classes=1,
                          fusion_threshold=300, cycle_time=0.5)
     log: list[tuple[str, float]] = []
     for sub in subtasks(100, 100, 100, 100):
@@ -202,7 +202,7 @@ def test_horovod_fusion_batches_one_cycle_up_to_the_threshold() -> None:
 def test_work_submitted_between_cycles_waits_for_the_next_one() -> None:
     loop = EventLoop()
     fabric = FullDuplexFabric(loop, [1000.0], [2], num_servers=1, server_bandwidth=1000.0)
-    ring = RingAllreduce(loop, fabric, workers=2, num_classes=1, overhead=0.0, latency=0.0,
+    ring = Allreduce(loop, CollectiveCost(fabric, 2, overhead=0.0, latency=0.0, algorithm="ring"), num_classes=1,
                          fusion_threshold=10**6, cycle_time=0.5)
     log: list[tuple[str, float]] = []
     (sub,) = subtasks(100)
@@ -251,3 +251,25 @@ def test_pull_starts_only_after_every_class_pushed() -> None:
     loop.run()
     # the straggler's push ends at 4 s, the update takes 0.25 s, then both pulls take 1 s
     assert log == [("fast", pytest.approx(5.25)), ("straggler", pytest.approx(5.25))]
+
+
+def test_nccl_takes_the_tree_for_small_collectives_at_scale_and_the_ring_for_large_ones() -> None:
+    bandwidth = 1e9
+    fabric = FullDuplexFabric(EventLoop(), [bandwidth], [256], num_servers=1, server_bandwidth=bandwidth)
+    cost = CollectiveCost(fabric, 256, overhead=0.0, latency=5e-6, algorithm="nccl")
+    ring = CollectiveCost(fabric, 256, overhead=0.0, latency=5e-6, algorithm="ring")
+    tree = CollectiveCost(fabric, 256, overhead=0.0, latency=5e-6, algorithm="tree")
+    # ring: 2*255 hops of 5 us + 2*255/256 b/B; tree: 2*8 levels of 2 hops + 2 b / (0.92 B)
+    assert ring.seconds(1e6) == pytest.approx(510 * 5e-6 + 2 * 255 / 256 * 1e6 / bandwidth)
+    assert tree.seconds(1e6) == pytest.approx(32 * 5e-6 + 2 * 1e6 / (0.92 * bandwidth))
+    assert cost.seconds(1e6) == tree.seconds(1e6) < ring.seconds(1e6)
+    assert cost.seconds(1e9) == ring.seconds(1e9) < tree.seconds(1e9)
+    two = CollectiveCost(FullDuplexFabric(EventLoop(), [bandwidth], [2], num_servers=1, server_bandwidth=bandwidth),
+                         2, overhead=0.0, latency=5e-6, algorithm="nccl")
+    assert two.seconds(1e3) == two.ring(1e3)  # a 2-rank tree has no fewer hops and less bandwidth
+
+
+def test_unknown_collective_algorithm_is_refused() -> None:
+    fabric = FullDuplexFabric(EventLoop(), [1.0], [2], num_servers=1, server_bandwidth=1.0)
+    with pytest.raises(ValueError, match="collective algorithm 'butterfly'"):
+        CollectiveCost(fabric, 2, overhead=0.0, latency=0.0, algorithm="butterfly")

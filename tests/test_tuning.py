@@ -378,3 +378,38 @@ def test_study_quick_run_reports_every_search(capsys: pytest.CaptureFixture[str]
         assert all(t is None or 1 <= t <= result["settings"]["cap"] for t in summary["trials"]), name
     assert all(t <= 49 for t in scenario["methods"]["grid"]["trials"])  # grid search ends on the grid
     assert 1 <= scenario["stop_rule"]["trials"]["mean"] <= 15
+
+
+def test_each_bo_trial_is_the_untried_point_of_largest_expected_improvement() -> None:
+    """After the Latin hypercube every proposal maximises EI (with the search's ``xi``) over the
+    untried lattice points, never a measured point nor a random stand-in for one."""
+    from skopt.acquisition import gaussian_ei
+
+    search = BayesianSearch(PS, seed=3)
+    for _ in range(MIN_INITIAL):
+        point, _ = search.ask()
+        search.tell(point, bowl(point))
+    for _ in range(15):
+        model = search._model()
+        tried = {p for p, _ in search.measured}
+        untried = [p for p in PS.points() if p not in tried]
+        transform = search._optimizer.space.transform
+        best_mean = float(np.min(model.predict(transform([list(p) for p in tried]))))
+        gain = gaussian_ei(transform([list(p) for p in untried]), model, y_opt=best_mean, xi=search.xi)
+        point, source = search.ask()
+        assert source == "bo" and point == untried[int(np.argmax(gain))]
+        search.tell(point, bowl(point))
+
+
+def test_the_study_writes_its_docs_section_from_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.cli import main
+    from benchmarks.tuning_study import BEGIN, END, docs_section
+
+    assert main(["tuning", "--quick", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    section = docs_section(result)
+    assert section.startswith(BEGIN) and section.endswith(END)
+    (scenario,) = result["scenarios"]
+    bo = scenario["methods"]["bo"]
+    assert f"{bo['mean']:.1f} ± {bo['sd']:.1f} [{bo['median']:g}]" in section
+    assert result["meta"]["command"].startswith("python -m benchmarks tuning")

@@ -37,6 +37,8 @@ class Framework:
     fuses: bool = False
     """bytesched's plugin on this stack fuses small tensors into buckets (``BYTESCHED_FUSION_BYTES``,
     the PyTorch plugin and MXNet over Horovod), which the simulator then models."""
+    asynchronous: bool = False
+    """Asynchronous SGD (a ``dist_async`` KVStore), which the simulator then models."""
 
 
 _ALLREDUCE = ("vanilla", "bytescheduler", "plan", "plan-untried", "bytescheduler-fit", "bytescheduler-sim",
@@ -51,6 +53,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework("mxnet-ps", "mxnet_worker", "ps", "ps", "ps", True, _ALLREDUCE),
     Framework("mxnet-horovod", "mxnet_worker", "horovod", "horovod", "allreduce", True,
               ("vanilla", "autotune", *_ALLREDUCE[1:]), fuses=True),
+    # dist_async: no start-up plan (it plans a dist_sync store's sizes), each worker on its own
+    Framework("mxnet-ps-async", "mxnet_worker", "ps-async", "ps", "ps", True,
+              ("vanilla", "bytescheduler", "fifo", "off"), asynchronous=True),
 )}
 
 

@@ -1,7 +1,8 @@
 """A worker of an MXNet benchmark job: ``python -m benchmarks.emulated.mxnet_worker``.
 
 ``--backend ps``: a ``dist_sync`` KVStore worker under ``bytesched launch`` (the baseline is the
-plain store, bytesched wraps it in ScheduledKVStore); ``--backend horovod``: a rank under
+plain store, bytesched wraps it in ScheduledKVStore); ``--backend ps-async``: the same with a
+``dist_async`` store (asynchronous SGD); ``--backend horovod``: a rank under
 ``horovodrun`` (Horovod's DistributedOptimizer, or bytesched's ScheduledOptimizer around it).
 A KVStore cannot be created twice in one process, so a job runs exactly one configuration.
 Emulated compute only (a profile name as ``--model``).
@@ -32,6 +33,8 @@ from .usage import Stopwatch
 
 
 SGD = {"learning_rate": 1e-3, "momentum": 0.9}
+STORES = {"ps": "dist_sync", "ps-async": "dist_async"}
+"""The KVStore each parameter-server backend creates."""
 
 
 def forward_order(model: EmulatedModel) -> list[gluon.Parameter]:
@@ -48,8 +51,8 @@ def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[
     asked for its start-up plan; rank (on a parameter server, bytesched's rank where it runs,
     else ps-lite's); world size."""
     settings = config.settings(from_env()) if config.scheduled else None
-    if backend == "ps":
-        store: Any = mx.kv.create("dist_sync")
+    if backend in STORES:
+        store: Any = mx.kv.create(STORES[backend])
         rank, size = store.rank, store.num_workers
         if settings is not None:
             from bytesched.plugins.mxnet import ScheduledKVStore
@@ -67,15 +70,17 @@ def trainer(backend: str, model: EmulatedModel, config: Configuration) -> tuple[
             from bytesched.plugins.mxnet import ScheduledOptimizer
             optimizer = scheduled = ScheduledOptimizer(optimizer, config=settings)
         return gluon.Trainer(forward_order(model), optimizer, kvstore=None), scheduled, hvd.rank(), hvd.size()
-    raise ValueError(f"--backend {backend!r}: expected ps or horovod")
+    raise ValueError(f"--backend {backend!r}: expected ps, ps-async or horovod")
 
 
 def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
     """What the baseline does per gradient, as a blocking call for ``nbytes`` (the Trainer's
-    fused pushpull of one key on a ``dist_sync`` store, or a Horovod all-reduce), and this
+    fused pushpull of one key on the backend's store, or a Horovod all-reduce), and this
     process's rank."""
-    if backend == "ps":
-        store = mx.kv.create("dist_sync")
+    if backend in STORES:
+        store = mx.kv.create(STORES[backend])
+        if backend == "ps-async":  # an asynchronous server applies each push with an updater: it needs one
+            store.set_optimizer(mx.optimizer.create("sgd", learning_rate=0.0))
 
         def pushpull(nbytes: int) -> Callable[[], None]:
             key = f"bench.calibrate.{nbytes}"
@@ -100,7 +105,7 @@ def operation(backend: str) -> tuple[Callable[[int], Callable[[], None]], int]:
                 array.wait_to_read()
             return run
         return allreduce, hvd.rank()
-    raise ValueError(f"--backend {backend!r}: expected ps or horovod")
+    raise ValueError(f"--backend {backend!r}: expected ps, ps-async or horovod")
 
 
 def train_step(model: EmulatedModel, train: gluon.Trainer, batch_size: int) -> None:

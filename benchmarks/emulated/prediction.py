@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Any, Sequence
 
 from bytesched.core.config import SchedulingParams, from_env
@@ -16,6 +17,7 @@ from bytesched.sim.profile import ModelProfile
 from .calibration import Calibration
 from .cells import Group, groups
 from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES, Configuration, with_sizes
+from .results import summarize
 from .scaling import Scale, scaled_profile
 
 SIZE_GRID = tuple(SchedulingParams(partition_bytes=p << 10, credit_bytes=(p << 10) * k)
@@ -52,11 +54,14 @@ def cluster_options(group: Group, topology: str, calibration: Calibration | None
     server per worker for PS), and the calibrated costs when there are any (of bytesched's path
     with ``scheduled``)."""
     options: dict[str, Any] = {"workers": group.ranks, "arch": group.framework.arch,
-                               "bandwidth": group.bits_per_second / 8, "topology": topology}
+                               "bandwidth": group.bits_per_second / 8, "topology": topology,
+                               "collective": "ring"}  # Gloo (Horovod and torch on the CPU), modelled as a ring
     if group.framework.arch == "ps":
         options["servers"] = group.ranks
     if group.framework.fuses:
         options["bucket_bytes"] = from_env().fusion_bytes
+    if group.framework.asynchronous:
+        options["asynchronous"] = True
     if calibration is not None:
         options.update(calibration.simulator_options(group.framework.arch, group.ranks, scheduled))
     return options
@@ -252,3 +257,66 @@ def predict_group(group: Group, profile: ModelProfile, topology: str,
             cell["credit_bytes"] = config.params.credit_bytes
         out["configs"][config.name] = cell
     return out
+
+
+def repredict(results: dict[str, Any]) -> None:
+    """Predict again in place, with this version of the simulator, every emulated group of
+    ``results`` (as :func:`~.results.merge` makes it), keeping the prediction of its run as
+    ``prediction_at_run``: each configuration with the sizes it ran (the ones chosen at run time
+    included) on the group's recorded calibration (the simulator's defaults where it recorded
+    none). Configurations this version no longer knows are left out of the new prediction."""
+    for group in results["groups"]:
+        prediction = group.get("prediction")
+        workload = results["workloads"][group["model"]]
+        if not prediction or workload.get("real"):
+            continue
+        known = [name for name in group["configs"] if name in CONFIGURATIONS]
+        [cell], _ = groups([group["framework"]], [group["model"]], [group["bits_per_second"]], [group["ranks"]],
+                           [BASELINE, *known])
+        ran = prediction["configs"]
+        configurations = tuple(
+            c if not c.sized_at_run_time else with_sizes(c, ran[c.name]["partition_bytes"], ran[c.name]["credit_bytes"])
+            for c in cell.configurations if not c.sized_at_run_time or "partition_bytes" in ran.get(c.name, {}))
+        record = group.get("calibration")
+        calibration = None if not record else Calibration(**{
+            **record, **{name: tuple(record[name]) for name in ("probe_seconds", "tuned_sizes", "tuning_trials")
+                         if record.get(name) is not None}})
+        profile = as_measured(scaled_profile(group["model"], Scale(workload["size_scale"], workload["time_scale"])),
+                              calibration)
+        group.setdefault("prediction_at_run", prediction)
+        group["prediction"] = predict_group(dataclasses.replace(cell, configurations=configurations), profile,
+                                            prediction["cluster"]["topology"], calibration)
+
+
+def prediction_errors(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measured configuration of ``results`` with a prediction, the baseline included (as
+    the report's median counts it): its cell, measured and predicted samples/s, and the error."""
+    out = []
+    for group in results["groups"]:
+        for cell in summarize(group):
+            if cell.error is not None:
+                out.append({"framework": group["framework"], "model": group["model"],
+                            "bits_per_second": group["bits_per_second"], "ranks": group["ranks"],
+                            "config": cell.config, "measured": cell.throughput.median,  # type: ignore[union-attr]
+                            "predicted": cell.predicted_throughput, "error": cell.error})
+    return out
+
+
+def accuracy_markdown(errors: Sequence[dict[str, Any]]) -> str:
+    """The accuracy table of docs/simulator.md: per stack and rank count, how many measured
+    configurations, the median and 90th percentile of the absolute error and the median signed
+    error (positive: the simulator predicted too few samples/s), then all of them together."""
+    def row(label: str, rows: Sequence[dict[str, Any]]) -> str:
+        absolute = sorted(abs(r["error"]) for r in rows)
+        p90 = absolute[min(len(absolute) - 1, math.ceil(0.9 * len(absolute)) - 1)]
+        signed = statistics.median(r["error"] for r in rows)
+        return (f"| {label} | {len(rows)} | {statistics.median(absolute) * 100:.1f} % | {p90 * 100:.0f} % | "
+                f"{signed * 100:+.1f} % |")
+
+    keys = sorted({(r["framework"], r["ranks"]) for r in errors})
+    lines = ["| stack, ranks | configurations | median error | 90th percentile | median signed error |",
+             "|---|---|---|---|---|"]
+    lines += [row(f"{framework}, {ranks}", [r for r in errors if (r["framework"], r["ranks"]) == (framework, ranks)])
+              for framework, ranks in keys]
+    lines.append(row("all", errors))
+    return "\n".join(lines)

@@ -5,12 +5,12 @@ speedup against bandwidth per framework, model and rank count."""
 from __future__ import annotations
 
 import os
-import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..docs_section import replace_section
 from ..emulation import format_rate
 from .cells import FRAMEWORKS
 from .configs import BASELINE, CONFIGURATIONS, PROBES, PS_PROBES, TUNING_STEPS_PER_TRIAL
@@ -427,13 +427,9 @@ def _runs(results: dict[str, Any]) -> list[str]:
 
 def write_section(docs: Path, section: str) -> None:
     """Replace the text between the markers in ``docs`` (append the section if there are none)."""
-    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-        text = pattern.sub(lambda _: section, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    docs.write_text(text)
+    if not docs.exists():
+        docs.write_text("# Benchmarks\n")
+    replace_section(docs, BEGIN, END, section)
 
 
 def plot(results: dict[str, Any], folder: Path) -> list[Path]:

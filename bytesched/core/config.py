@@ -46,6 +46,8 @@ schedule, small tasks buy a little earlier communication, which the simulator cr
 bytesched's own work and the library's per collective, which it does not model: fewer, larger
 tasks ran faster on a GPU and cost less CPU over torch.distributed (docs/plan.md, "2 on";
 ``BYTESCHED_STAY_OUT_FUSION_BYTES`` sets another)."""
+PIECE_BYTES = 4_000_000
+"""The parameter bytes of one piece of a compiled model's graph (``BYTESCHED_PIECE_BYTES``)."""
 
 _UNITS = {
     "": 1, "b": 1,
@@ -135,6 +137,9 @@ class Config:
     """Where the PyTorch plugin stays out of the way, each task it merges its buckets into is closed
     once it holds this many bytes, as DDP fills its buckets (:data:`STAY_OUT_FUSION_BYTES`), unless
     ``fusion_fixed``."""
+    piece_bytes: float = PIECE_BYTES
+    """A compiled model's graphs are split into pieces holding about this many bytes of parameters
+    (the PyTorch plugin, :mod:`bytesched.plugins.torch.compiled`)."""
     channel_host: str = "127.0.0.1"
     channel_port: int | None = None  # None: rank 0 picks a free port and the plugin shares it
     channel_timeout_s: float = 60.0
@@ -156,7 +161,7 @@ class Config:
     tuning_steps_per_trial: int = 50
     tuning_warmup_steps: int = 10
     tuning_seed: int = 0
-    tuning_xi: float = 0.1
+    tuning_xi: float = 0.03
     tuning_log: str | None = None
     tuning_load: str | None = None
     tuning_profile: str | None = None
@@ -330,6 +335,11 @@ VARIABLES: tuple[Variable, ...] = (
              "many bytes (at most a quarter of the model; the first bucket, which backward fills last, is kept "
              "as it is): DistributedDataParallel's bucket_cap_mb and its rule, and its default. Cannot be combined "
              "with BYTESCHED_FUSION_BYTES, which keeps one bound on every path."),
+    Variable("BYTESCHED_PIECE_BYTES", "piece_bytes", _size, "4MB",
+             "PyTorch plugin, compiled models (torch.compile): each graph Dynamo captures is split into pieces "
+             "holding about this many bytes of parameters (counted in backward's order, as DDP's compiler pass "
+             "splits at its buckets); each piece's backward hands out its gradients when it ends, and each "
+             "piece waits for the updates of the parameters it reads before it runs."),
     Variable("BYTESCHED_POLICY", "policy", _runtime_policy, "bytescheduler",
              "Scheduling policy: " + ", ".join(POLICIES) + f"; or {OFF}: no scheduling, every plugin hands its "
              "gradients to the framework's own path from the first step (no start-up plan, sizes or tuning)."),
@@ -403,7 +413,7 @@ VARIABLES: tuple[Variable, ...] = (
              "Tuning: steps at the start of each trial that are not measured."),
     Variable("BYTESCHED_TUNING_SEED", "tuning_seed", _count(0), "0",
              "Tuning: seed of the optimiser's random choices (the same seed proposes the same points)."),
-    Variable("BYTESCHED_TUNING_XI", "tuning_xi", _non_negative_float, "0.1",
+    Variable("BYTESCHED_TUNING_XI", "tuning_xi", _non_negative_float, "0.03",
              "Tuning: exploration parameter of Expected Improvement, in log-throughput units."),
     Variable("BYTESCHED_TUNING_LOG", "tuning_log", _text, "(off)",
              "Tuning: rank 0 writes every trial to this CSV file (trial, partition, credit, throughput, best)."),

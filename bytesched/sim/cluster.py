@@ -17,6 +17,8 @@ from ..core.config import ConfigError
 ARCHS = ("allreduce", "ps")
 TOPOLOGIES = ("full-duplex", "shared")
 ASSIGNMENTS = ("mxnet", "round-robin")
+COLLECTIVES = ("nccl", "ring", "tree")
+"""All-reduce algorithms (:mod:`bytesched.sim.allreduce`): NCCL's choice per size, or one always."""
 
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _DURATION_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -108,14 +110,21 @@ class Cluster:
             medium for everything, e.g. a rate-shaped loopback).
         overhead: θ, the fixed cost of every message (RPC, serialisation, synchronisation);
             the paper measured about 300 us.
-        latency: one network hop; a ring all-reduce pays ``2(n-1)`` of them, a PS message one
-            (pipelined: it delays the message, not the next one on its connection).
+        latency: one network hop; a ring all-reduce pays ``2(n-1)`` of them, a tree
+            ``4 ceil(log2 n)``, a PS message one (pipelined: it delays the message, not the next
+            one on its connection).
+        collective: the all-reduce algorithm: ``nccl`` (ring or tree, whichever is faster for
+            each collective's size, as NCCL chooses), ``ring`` (Gloo, MPI) or ``tree``.
         assignment: how the PS maps keys to servers: ``mxnet`` (a key of at least
             ``bigarray_bound`` elements is sliced evenly over all servers, smaller keys are
             hashed to one) or ``round-robin`` (each key whole on the next server).
         bigarray_bound: MXNet's ``MXNET_KVSTORE_BIGARRAY_BOUND`` in elements.
         fusion_threshold: Horovod tensor fusion buffer (vanilla all-reduce), bytes.
         cycle_time: Horovod background-loop cycle (vanilla all-reduce), seconds.
+        asynchronous: a parameter server of asynchronous SGD (MXNet's ``dist_async``): each
+            worker goes on after its own push and pull, a server applies each push alone and
+            answers its pull, and every worker is simulated apart, started a fraction of a step
+            after the one before (:mod:`bytesched.sim.simulator`).
         bucket_bytes: bytesched's tensor fusion in a scheduled all-reduce job
             (``BYTESCHED_FUSION_BYTES`` of the PyTorch plugin and of MXNet over Horovod):
             consecutive tensors share one task while they hold at most this many bytes
@@ -131,10 +140,12 @@ class Cluster:
     topology: str = "full-duplex"
     overhead: float = 300e-6
     latency: float = 5e-6
+    collective: str = "nccl"
     assignment: str = "mxnet"
     bigarray_bound: int = 1_000_000
     fusion_threshold: float = 128 * 2**20
     cycle_time: float = 1e-3
+    asynchronous: bool = False
     bucket_bytes: float = 0.0
     worker_specs: tuple[tuple[int, WorkerSpec], ...] = field(default=())
 
@@ -145,8 +156,12 @@ class Cluster:
             raise ConfigError(f"arch={self.arch!r} is unknown: expected one of {', '.join(ARCHS)}")
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"topology={self.topology!r} is unknown: expected one of {', '.join(TOPOLOGIES)}")
+        if self.collective not in COLLECTIVES:
+            raise ConfigError(f"collective={self.collective!r} is unknown: expected one of {', '.join(COLLECTIVES)}")
         if self.assignment not in ASSIGNMENTS:
             raise ConfigError(f"assignment={self.assignment!r} is unknown: expected one of {', '.join(ASSIGNMENTS)}")
+        if self.asynchronous and self.arch != "ps":
+            raise ConfigError(f"asynchronous training needs a parameter server (arch='ps'), not arch={self.arch!r}")
         if self.servers is not None and (not isinstance(self.servers, int) or self.servers < 1):
             raise ConfigError(f"servers={self.servers!r} must be an integer >= 1")
         for name in ("bandwidth", "server_bandwidth"):
@@ -185,10 +200,13 @@ class Cluster:
         """Groups of identical workers, rank 0's group first (rank 0 leads the scheduling).
 
         Identical workers do identical things at identical times, so each group is simulated
-        once and counts as many flows on shared links as it has members.
+        once and counts as many flows on shared links as it has members; with
+        :attr:`asynchronous` every worker is a group of its own.
         """
         specs = dict(self.worker_specs)
         default = WorkerSpec()
+        if self.asynchronous:  # workers drift apart: none does what another does at the same time
+            return [(specs.get(rank, default), [rank]) for rank in range(self.workers)]
         groups: dict[WorkerSpec, list[int]] = {}
         for rank in range(self.workers):
             groups.setdefault(specs.get(rank, default), []).append(rank)

@@ -363,6 +363,11 @@ class Fabric(ABC):
         """Bandwidth time of a ring all-reduce of ``nbytes`` among ``workers`` workers."""
 
     @abstractmethod
+    def tree_allreduce_seconds(self, nbytes: float, workers: int) -> float:
+        """Bandwidth time of a tree all-reduce of ``nbytes`` among ``workers`` workers at the
+        links' full speed (NCCL's double binary tree: half the bus bandwidth each way)."""
+
+    @abstractmethod
     def ps_lower_bound(self, nbytes: float, workers: int) -> float:
         """Least time to push and pull ``nbytes`` per worker, servers perfectly balanced."""
 
@@ -435,6 +440,9 @@ class FullDuplexFabric(Fabric):
     def allreduce_seconds(self, nbytes: float, workers: int) -> float:
         return 2 * (workers - 1) / workers * nbytes / self._slowest  # the ring goes at its slowest link
 
+    def tree_allreduce_seconds(self, nbytes: float, workers: int) -> float:
+        return 2 * nbytes / self._slowest if workers > 1 else 0.0
+
     def ps_lower_bound(self, nbytes: float, workers: int) -> float:
         return max(nbytes / self._slowest, workers * nbytes / (self.num_servers * self.server_bandwidth))
 
@@ -464,6 +472,10 @@ class SharedMediumFabric(Fabric):
 
     def allreduce_seconds(self, nbytes: float, workers: int) -> float:
         # Each of the 2(n-1) ring steps moves nbytes/n from every worker over the one medium.
+        return 2 * (workers - 1) * nbytes / self.medium.capacity
+
+    def tree_allreduce_seconds(self, nbytes: float, workers: int) -> float:
+        # Reducing up and broadcasting down the tree moves nbytes over each of its n-1 edges twice.
         return 2 * (workers - 1) * nbytes / self.medium.capacity
 
     def ps_lower_bound(self, nbytes: float, workers: int) -> float:

@@ -80,6 +80,14 @@ FINE_PIECES_MAX = 256
 """A partition of :data:`FINE_PARTITIONS` is weighed only where it cuts the model's gradients into
 at most this many pieces: each piece is a simulated event per worker, so the search stays well under
 a second, and a model of hundreds of megabytes keeps the megabyte partitions."""
+SERVER_CREDITS = (2, 4)
+"""Credits in partitions per server that a parameter server's plan also weighs, for each partition
+it weighs, where the smallest exceeds the largest of :data:`CANDIDATE_CREDIT_FACTORS` (more than
+four servers), below the model's bytes. Every worker pushes the same partition at the same time
+to the one server that holds it, whose link the workers share: to keep every worker's link busy,
+as many partitions as servers must be in flight, and twice that for pulls to overlap pushes. In
+the simulator, ResNet50 on 32 workers at 25 Gbit/s ran best at 64 partitions in flight, where the
+plan's largest credit of 8 had it stay out (docs/simulator.md, "How far from the limit")."""
 SEARCH_ITERATIONS = 1
 SEARCH_WARMUP = 1
 
@@ -87,12 +95,17 @@ SEARCH_WARMUP = 1
 def candidate_sizes(profile: ModelProfile | None = None, cluster: Cluster | None = None) -> list[SchedulingParams]:
     """Partitions of 1 to 32 MB, credits of 1 to 8 partitions (24 candidates); for ``profile`` on
     a parameter-server ``cluster``, also each of :data:`FINE_PARTITIONS` that cuts the model into at
-    most :data:`FINE_PIECES_MAX` pieces, at each of :data:`FINE_CREDITS`."""
+    most :data:`FINE_PIECES_MAX` pieces, at each of :data:`FINE_CREDITS`, and with more than four
+    servers every partition at the credits of :data:`SERVER_CREDITS` per server."""
     sizes = [SchedulingParams(partition_bytes=p, credit_bytes=p * k)
              for p in CANDIDATE_PARTITIONS for k in CANDIDATE_CREDIT_FACTORS]
     if profile is not None and cluster is not None and cluster.arch == "ps":
-        sizes += [SchedulingParams(partition_bytes=p, credit_bytes=c) for p in FINE_PARTITIONS
-                  if profile.nbytes <= p * FINE_PIECES_MAX for c in FINE_CREDITS]
+        fine = [p for p in FINE_PARTITIONS if profile.nbytes <= p * FINE_PIECES_MAX]
+        sizes += [SchedulingParams(partition_bytes=p, credit_bytes=c) for p in fine for c in FINE_CREDITS]
+        if min(SERVER_CREDITS) * cluster.num_servers > max(CANDIDATE_CREDIT_FACTORS):
+            sizes += [SchedulingParams(partition_bytes=p, credit_bytes=p * k * cluster.num_servers)
+                      for p in (*fine, *CANDIDATE_PARTITIONS) for k in SERVER_CREDITS
+                      if p * k * cluster.num_servers < profile.nbytes]
     return sizes
 
 
@@ -110,6 +123,8 @@ class Plan:
     """The same under the fastest sized candidate, chosen or not."""
     pass_through_margin: float = PASS_THROUGH_MARGIN
     """The predicted gain of the fastest sized candidate below which staying out passes through."""
+    decoupled: bool = False
+    """Each all-reduce runs as a reduce-scatter and an all-gather (:mod:`.decoupled`)."""
 
     @property
     def predicted_speedup(self) -> float:
@@ -132,20 +147,35 @@ class Plan:
             return "fifo: no partitioning, no credit limit (no predicted gain from scheduling)"
         partition = self.params.partition_bytes / 1e6  # type: ignore[operator]  # a sized plan's is set
         return (f"bytescheduler: {partition:g} MB partitions, "
-                f"{self.params.credit_bytes / 1e6:g} MB credit")
+                f"{self.params.credit_bytes / 1e6:g} MB credit" + (", decoupled all-reduce" if self.decoupled else ""))
 
 
 def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_MARGIN,
-              pass_through_margin: float = PASS_THROUGH_MARGIN) -> Plan:
+              pass_through_margin: float = PASS_THROUGH_MARGIN, decoupled: bool = False) -> Plan:
     """The fastest candidate for ``profile`` on ``cluster``: fifo unless a sized one is predicted
     faster by ``margin`` (a fraction of fifo's iteration time); staying out passes through unless
-    a sized one is predicted faster by ``pass_through_margin``."""
-    stay_out = _search_seconds(profile, cluster, "fifo", STAY_OUT)
-    params, best = min(((params, _search_seconds(profile, cluster, "bytescheduler", params))
-                        for params in candidate_sizes(profile, cluster)), key=lambda candidate: candidate[1])
+    a sized one is predicted faster by ``pass_through_margin``. With ``decoupled`` (all-reduce)
+    every size is also weighed as a decoupled all-reduce (:mod:`.decoupled`), kept on the same
+    terms: a backend with reduce-scatter and all-gather could run it."""
+    stay_out = search_seconds(profile, cluster, "fifo", STAY_OUT)
+    schedules = (False, True) if decoupled and cluster.arch == "allreduce" else (False,)
+    (params, split), best = min((((params, split), search_seconds(profile, cluster, "bytescheduler", params, split))
+                                 for params in candidate_sizes(profile, cluster) for split in schedules),
+                                key=lambda candidate: candidate[1])
     if best < (1 - margin) * stay_out:
-        return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin)
+        return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin, split)
     return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)
+
+
+def keeps_the_faster_path(plan: Plan, cluster: Cluster) -> bool:
+    """Whether a job with ``plan`` on ``cluster`` ends up on the faster of the plan's choice and the
+    framework's own path, as the runtime times them by default: a plan that stays out passes
+    through or times both paths (the path trial), and a parameter server's sized plan is tried
+    against passing through (the plan trial, :func:`bytesched.runtime.plan_trial.wants_trial`). The
+    simulated ``plan`` row then runs the faster of the two, the framework's path simulated as
+    :data:`~.simulator.VANILLA` (whose global barrier makes it the slower bound of passing
+    through)."""
+    return plan.policy == "fifo" or cluster.arch == "ps"
 
 
 def fused_profile(profile: ModelProfile, fusion_bytes: float) -> ModelProfile:
@@ -171,7 +201,7 @@ def fusion_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, fusion_byte
     fused layout must be predicted no slower than the observed one, whose time ``plan`` (made for
     ``profile`` on ``cluster``) already simulated, by :data:`FUSION_MARGIN`. Returns that and the
     predicted ratio of their iteration times (fused over observed)."""
-    fused = _search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
+    fused = search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
     ratio = fused / plan.stay_out_iteration_time
     return ratio <= 1 + FUSION_MARGIN, ratio
 
@@ -186,12 +216,15 @@ def batching_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, batch_byt
     whose followers start rank 0's batches): predicted faster by :data:`BATCHING_MARGIN`. Returns
     that and the predicted ratio of the iteration times (batched over not)."""
     alone = dataclasses.replace(cluster, fusion_threshold=0)
-    base = _search_seconds(profile, alone, plan.policy, plan.params)
-    batched = _search_seconds(profile, alone, plan.policy, dataclasses.replace(plan.params, batch_bytes=batch_bytes))
+    base = search_seconds(profile, alone, plan.policy, plan.params, plan.decoupled)
+    batched = search_seconds(profile, alone, plan.policy, dataclasses.replace(plan.params, batch_bytes=batch_bytes),
+                             plan.decoupled)
     ratio = batched / base
     return ratio <= 1 - BATCHING_MARGIN, ratio
 
 
-def _search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams) -> float:
+def search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams,
+                   decoupled: bool = False) -> float:
     """The short simulation's iteration time of ``profile`` on ``cluster`` under ``policy``."""
-    return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP).iteration_time
+    return run(profile, cluster, policy, params, iterations=SEARCH_ITERATIONS, warmup=SEARCH_WARMUP,
+               decoupled=decoupled).iteration_time

@@ -15,11 +15,12 @@ from typing import Any, Iterable, Sequence
 from ..core.config import ConfigError, SchedulingParams, format_size
 from ..core.policies import CreditPolicy, make_policy
 from .cluster import Cluster, format_bandwidth
-from .engine import EventLoop
 from .options import format_value, make_cluster, make_params, parse_sweep, policy_names
-from .plan import PLAN, candidate_sizes, make_plan
+from . import bound
+from .bound import Breakdown, achievable_time, communication_time, compute_time
+from .plan import PLAN, STAY_OUT, candidate_sizes, keeps_the_faster_path, make_plan, search_seconds
 from .profile import ModelProfile, load_profile
-from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, make_fabric, run
+from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, run
 
 
 @dataclass
@@ -35,11 +36,14 @@ class PolicyPrediction:
     """None for a policy without a credit window (vanilla, fifo, p3)."""
     wall_seconds: float
     """How long the simulation itself took (all tuning runs included)."""
+    decoupled: bool = False
+    """It ran as a decoupled all-reduce (the plan's choice, :mod:`.decoupled`)."""
 
 
 @dataclass
 class Prediction:
-    """All policies on one cluster, plus the ideal lower bound max(compute, communication)."""
+    """All policies on one cluster, plus the ideal lower bound max(compute, communication), the
+    achievable bound of :mod:`.bound` and, if asked for, where the gap to the plan goes."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -47,6 +51,9 @@ class Prediction:
     communication_time: float
     results: list[PolicyPrediction]
     sweep_value: Any = None
+    achievable_time: float = 0.0
+    """:func:`.bound.achievable_time`: Theorem 1's order with free messages and fine partitions."""
+    breakdown: Breakdown | None = None
 
     @property
     def ideal_time(self) -> float:
@@ -75,6 +82,10 @@ class Prediction:
             "ideal": {"iteration_time": self.ideal_time,
                       "throughput": self.samples_per_second(self.ideal_time),
                       "speedup": vanilla / self.ideal_time},
+            "achievable": {"iteration_time": self.achievable_time,
+                           "throughput": self.samples_per_second(self.achievable_time),
+                           "speedup": vanilla / self.achievable_time},
+            "breakdown": None if self.breakdown is None else self.breakdown.to_json(),
             "results": [{f.name: _json_number(getattr(r, f.name)) for f in fields(r)} for r in self.results],
         }
 
@@ -109,7 +120,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
              partition: str | float | None = None, credit: str | float | None = None,
              sweep: tuple[str, Sequence[Any]] | str | None = None, iterations: int = DEFAULT_ITERATIONS,
              warmup: int = DEFAULT_WARMUP, tune: bool | Sequence[SchedulingParams] = False,
-             cluster: Cluster | None = None,
+             breakdown: bool = False, decoupled: bool = False, cluster: Cluster | None = None,
              **cluster_options: Any) -> Report:
     """Predict iteration time, throughput and speedup over vanilla for every policy.
 
@@ -125,6 +136,10 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
         tune: run each credit-window policy at its best partition and credit size of
             :func:`tuning_grid` (24 simulations each, up to 28 on a parameter server), or of the given list of
             :class:`SchedulingParams`, instead of ``partition``/``credit``.
+        decoupled: the plan also weighs a decoupled all-reduce (DeAR, :mod:`.decoupled`), which
+            no plugin runs yet.
+        breakdown: also say where the gap between the ideal and the plan goes
+            (:func:`.bound.breakdown`: up to 63 more short simulations).
         cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
             ``bandwidth="10Gbps"``, ``worker_specs=["3:compute=1.5"]`` ...) change its fields.
     """
@@ -145,7 +160,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
             changes: dict[str, Any] = {variable: value}
             point = replace(base, **changes)
         params = make_params(part, cred)
-        prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune)
+        prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune,
+                             breakdown=breakdown, decoupled=decoupled)
         prediction.sweep_value = value
         predictions.append(prediction)
     return Report(predictions, variable, names)
@@ -153,30 +169,43 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
 
 def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], params: SchedulingParams, *,
             iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
-            tune: bool | Sequence[SchedulingParams] = False) -> Prediction:
+            tune: bool | Sequence[SchedulingParams] = False, breakdown: bool = False,
+            decoupled: bool = False) -> Prediction:
     """Run vanilla and every policy in ``policies`` on ``cluster``; with ``tune``, each policy
     that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
     the given candidates) instead of ``params``. :data:`~.plan.PLAN` runs what
-    :func:`~.plan.make_plan` chooses."""
+    :func:`~.plan.make_plan` chooses, weighing a decoupled all-reduce too with ``decoupled``. With
+    ``breakdown``, the prediction says where the gap from the ideal to the plan goes
+    (:func:`.bound.breakdown`)."""
     grid = tuning_grid(profile, cluster) if tune is True else list(tune or [])
     runs = []
     for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
         started = time.perf_counter()
         if name == PLAN:
-            chosen = make_plan(profile, cluster)
-            outcome = replace(run(profile, cluster, chosen.policy, chosen.params, iterations=iterations,
-                                  warmup=warmup), policy=PLAN)
+            chosen = make_plan(profile, cluster, decoupled=decoupled)
+            outcome = run(profile, cluster, chosen.policy, chosen.params, iterations=iterations, warmup=warmup,
+                          decoupled=chosen.decoupled)
+            if keeps_the_faster_path(chosen, cluster):
+                outcome = min(outcome, run(profile, cluster, VANILLA, iterations=iterations, warmup=warmup),
+                              key=lambda r: r.iteration_time)
+            outcome = replace(outcome, policy=PLAN)
         else:
             candidates = grid if grid and _has_credit(name) else [params]
             outcome = min((run(profile, cluster, name, p, iterations=iterations, warmup=warmup) for p in candidates),
                           key=lambda r: r.iteration_time)
         runs.append((outcome, time.perf_counter() - started))
-    prediction = Prediction(profile, cluster, _compute_time(profile, cluster), _communication_time(profile, cluster),
-                            [])
+    prediction = Prediction(profile, cluster, compute_time(profile, cluster), communication_time(profile, cluster), [],
+                            achievable_time=achievable_time(profile, cluster))
+    if breakdown:
+        chosen = make_plan(profile, cluster, decoupled=decoupled)
+        seconds = search_seconds(profile, cluster, chosen.policy, chosen.params, chosen.decoupled)
+        if keeps_the_faster_path(chosen, cluster):
+            seconds = min(seconds, search_seconds(profile, cluster, VANILLA, STAY_OUT))
+        prediction.breakdown = bound.breakdown(profile, cluster, seconds)
     vanilla = runs[0][0].iteration_time
     prediction.results = [
         PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
-                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall)
+                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall, r.decoupled)
         for r, wall in runs]
     return prediction
 
@@ -193,29 +222,13 @@ def _has_credit(policy: str) -> bool:
     return policy != VANILLA and isinstance(make_policy(policy, SchedulingParams()), CreditPolicy)
 
 
-# -- the ideal lower bound ------------------------------------------------------------------
-def _compute_time(profile: ModelProfile, cluster: Cluster) -> float:
-    """One iteration of compute on the slowest worker (the PS applies updates on servers)."""
-    slowest = max(spec.compute for spec, _ in cluster.worker_classes())
-    per_layer = (layer.forward + layer.backward + (layer.update if cluster.arch == "allreduce" else 0.0)
-                 for layer in profile.layers)
-    return slowest * sum(per_layer)
-
-
-def _communication_time(profile: ModelProfile, cluster: Cluster) -> float:
-    """Moving every gradient at full bandwidth, with no per-message cost and perfect balance."""
-    fabric = make_fabric(cluster, EventLoop(), cluster.worker_classes())
-    if cluster.arch == "allreduce":
-        return fabric.allreduce_seconds(profile.nbytes, cluster.workers)
-    return fabric.ps_lower_bound(profile.nbytes, cluster.workers)
-
-
 # -- the table --------------------------------------------------------------------------------
 def _block(p: Prediction, sweep_variable: str | None) -> str:
     c = p.cluster
     where = f"{c.workers} workers, {c.arch}"
     if c.arch == "ps":
-        where += f" ({c.num_servers} servers, {c.assignment} placement)"
+        where += (f" ({c.num_servers} servers, {c.assignment} placement"
+                  f"{', asynchronous' if c.asynchronous else ''})")
     where += (f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, "
               f"latency {c.latency * 1e6:g}us")
     if c.worker_specs:
@@ -231,12 +244,25 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
         part = "-" if r.policy == VANILLA else format_size(r.partition_bytes)
         cred = "-" if r.credit_bytes is None else format_size(r.credit_bytes)
         lines.append(f"{r.policy:<15}{part:>10}{cred:>9}{r.iteration_time * 1e3:>10.2f} ms"
-                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x")
+                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x" + ("  (decoupled all-reduce)" if r.decoupled else ""))
     ideal = p.ideal_time
     lines.append(f"{'ideal':<15}{'':>10}{'':>9}{ideal * 1e3:>10.2f} ms{p.samples_per_second(ideal):>12.1f}"
                  f"{p.vanilla.iteration_time / ideal:>8.2f}x")
+    achievable = p.achievable_time
+    lines.append(f"{'achievable':<15}{'':>10}{'':>9}{achievable * 1e3:>10.2f} ms"
+                 f"{p.samples_per_second(achievable):>12.1f}{p.vanilla.iteration_time / achievable:>8.2f}x")
     lines.append(f"(ideal = max(compute {p.compute_time * 1e3:.2f} ms, "
-                 f"communication {p.communication_time * 1e3:.2f} ms))")
+                 f"communication {p.communication_time * 1e3:.2f} ms); "
+                 f"achievable = Theorem 1's order, free messages, fine partitions)")
+    if p.breakdown is not None:
+        lines.append("where the time from the ideal to the plan goes:")
+        for (cause, seconds), stage in zip(p.breakdown.gaps(), p.breakdown.stages[1:]):
+            sizes = ""
+            if stage.params is not None:
+                partition = format_size(stage.params.partition_bytes)  # type: ignore[arg-type]  # a grid's are set
+                sizes = f" (best of the grid: {partition} / {format_size(stage.params.credit_bytes)})"
+            lines.append(f"  {cause:<26}{seconds * 1e3:>+9.2f} ms -> {stage.name} "
+                         f"{stage.iteration_time * 1e3:.2f} ms{sizes}")
     return "\n".join(lines)
 
 

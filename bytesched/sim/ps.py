@@ -98,17 +98,20 @@ class _Aggregation:
 
 
 class ParameterServer:
-    """The PS backend shared by every worker class of one simulation."""
+    """The PS backend shared by every worker class of one simulation. ``asynchronous``: a server
+    applies each class's push alone and answers that class's pull (``dist_async``); otherwise it
+    waits for every class's push of the key (``dist_sync``)."""
 
     def __init__(self, loop: EventLoop, fabric: Fabric, assignment: Assignment, num_classes: int, *,
-                 overhead: float, latency: float) -> None:
+                 overhead: float, latency: float, asynchronous: bool = False) -> None:
         self.loop = loop
         self.fabric = fabric
         self.assignment = assignment
-        self.num_classes = num_classes
+        self.asynchronous = asynchronous
+        self.num_classes = 1 if asynchronous else num_classes
         self.overhead = overhead
         self.latency = latency
-        self._aggregations: dict[tuple[str, int, int], _Aggregation] = {}
+        self._aggregations: dict[tuple[object, ...], _Aggregation] = {}
 
     def start(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:
         """Push ``sub`` from every worker of ``klass`` to ``server`` (an index or SPREAD), then
@@ -127,13 +130,14 @@ class ParameterServer:
             then(*args)
 
     def _pushed(self, klass: int, sub: SubTask, server: int, update: float, done: Done) -> None:
-        agg = self._aggregations.get(sub.key)
+        key = (klass, *sub.key) if self.asynchronous else sub.key
+        agg = self._aggregations.get(key)
         if agg is None:
-            agg = self._aggregations[sub.key] = _Aggregation()
+            agg = self._aggregations[key] = _Aggregation()
         agg.count += 1
         agg.pullers.append((klass, done))
         if agg.count == self.num_classes:
-            del self._aggregations[sub.key]
+            del self._aggregations[key]
             if update > 0:
                 self.loop.call_later(update, self._answer_pulls, agg, sub.nbytes, server)
             else:

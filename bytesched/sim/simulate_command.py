@@ -8,7 +8,7 @@ import sys
 
 from ..core.config import SIMULATED_POLICIES, ConfigError
 from .plan import PLAN
-from .cluster import ARCHS, ASSIGNMENTS, TOPOLOGIES
+from .cluster import ARCHS, ASSIGNMENTS, COLLECTIVES, TOPOLOGIES
 from .options import SWEEPABLE
 from .predict import simulate
 from .profile import ProfileError, shipped_profiles
@@ -34,6 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a full-duplex NIC per host, or one shared medium (a shaped loopback)")
     p.add_argument("--overhead", default="300us", help="per-message overhead θ (default 300us, the paper's)")
     p.add_argument("--latency", default="5us", help="one network hop (default 5us)")
+    p.add_argument("--collective", choices=COLLECTIVES, default="nccl",
+                   help="all-reduce algorithm: nccl (ring or tree per size, as NCCL chooses; default), ring "
+                        "(Gloo, MPI) or tree")
+    p.add_argument("--asynchronous", action="store_true",
+                   help="ps: asynchronous SGD (MXNet's dist_async): each worker goes on after its own push and pull, "
+                        "a server applies each push alone")
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
     p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
@@ -48,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", action="store_true",
                    help="run each credit-window policy at its best partition/credit (a 24-point grid), "
                         "as the paper's auto-tuned results")
+    p.add_argument("--decoupled", action="store_true",
+                   help="the plan also weighs a decoupled all-reduce (DeAR: reduce-scatters in the backward pass, "
+                        "all-gathers in the next forward pass), which no plugin runs yet")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also say where the time from the ideal to the plan goes (order constraint, partitions and "
+                        "placement, hop latency, per-message cost, the plan's choice): up to 63 more short simulations")
     p.add_argument("--worker", action="append", default=[], metavar="RANK:compute=F,bandwidth=B",
                    help="make one worker different (repeatable): e.g. 3:compute=1.5 (a straggler), "
                         "0:bandwidth=5Gbps (a slower link)")
@@ -65,10 +77,13 @@ def main(args: argparse.Namespace) -> int:
         report = simulate(
             args.profile, policies=args.policy, partition=args.partition, credit=args.credit,
             sweep=args.sweep, iterations=args.iterations, warmup=args.warmup, tune=args.tune,
+            breakdown=args.breakdown, decoupled=args.decoupled,
             arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
-            latency=args.latency, assignment=args.assignment, fusion_threshold=args.fusion_threshold,
-            cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes, worker_specs=args.worker or None)
+            latency=args.latency, collective=args.collective, assignment=args.assignment,
+            asynchronous=args.asynchronous or None,
+            fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes,
+            worker_specs=args.worker or None)
     except (ConfigError, ProfileError, SimulationError, ValueError) as error:
         print(f"bytesched simulate: {error}", file=sys.stderr)
         return 2

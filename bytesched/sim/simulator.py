@@ -9,7 +9,7 @@ steady-state iteration time:
   Horovod runs a collective once every rank submitted it; PS: ``rank0`` order, so that every
   worker's uplink carries rank 0's schedule, or ``immediate`` for a policy that never holds a
   sub-task back, as :func:`~bytesched.core.policies.order_mode` decides);
-- the backend is :class:`~bytesched.sim.allreduce.RingAllreduce` or
+- the backend is :class:`~bytesched.sim.allreduce.Allreduce` or
   :class:`~bytesched.sim.ps.ParameterServer` over a processor-sharing fabric;
 - ``vanilla`` is what frameworks do without bytesched: whole tensors in readiness order (the
   ``fifo`` policy), the global barrier, Horovod's tensor fusion for all-reduce, and the
@@ -26,19 +26,26 @@ from ..core.policies import CreditPolicy, FollowOrderPolicy, ImmediatePolicy, Po
 from ..core.policies.tictac import Layer as TicTacLayer, TicTacGraph, TicTacPolicy
 from ..core.scheduler import Scheduler
 from ..core.task import SubTask, fusion_runs, split_elements
-from .allreduce import RingAllreduce
+from .allreduce import ALLREDUCE, Allreduce, CollectiveCost
+from .decoupled import DecoupledAllreduce
 from .cluster import Cluster, WorkerSpec
 from .engine import EventLoop
 from .network import Fabric, FullDuplexFabric, SharedMediumFabric
 from .profile import ELEMENT_BYTES, ModelProfile
 from .ps import Assignment, ParameterServer, plugin_layout
-from .worker import SimCommTask, TensorPlan, WorkerClass
+from .worker import Backend, SimCommTask, TensorPlan, WorkerClass
 
 VANILLA = "vanilla"
 """The baseline every speedup is relative to (see the module docstring)."""
 
 DEFAULT_WARMUP = 2
 DEFAULT_ITERATIONS = 2
+ASYNC_WARMUP = 6
+ASYNC_ITERATIONS = 12
+"""At least this many iterations of an asynchronous job are simulated before measuring and
+measured: its workers, started apart, settle into a steady state of their own relative timing
+over several steps (the throughput-prediction paper drops its first 50 simulated steps of 1000;
+here each step is deterministic)."""
 
 
 class SimulationError(RuntimeError):
@@ -71,18 +78,20 @@ class RunResult:
     leader_policy: Policy
     """Rank 0's policy object after the run (what it learned, e.g. Prophet's profile)."""
     trace: Trace | None = None
+    decoupled: bool = False
+    """Each all-reduce ran as a reduce-scatter and, in the next forward pass, an all-gather."""
 
 
 # -- backends as the workers see them -----------------------------------------------------------
 class _AllreduceBackend:
-    def __init__(self, ring: RingAllreduce) -> None:
+    def __init__(self, ring: Allreduce) -> None:
         self.ring = ring
 
     def start(self, klass: int, sub: SubTask, task: SimCommTask, done: Callable[[], None]) -> None:
         self.ring.submit(sub, done)
 
     def start_batch(self, klass: int, batch: Sequence[SubTask], done: Callable[[], None]) -> None:
-        self.ring.submit_operation(batch[0].key, sum(sub.nbytes for sub in batch), done)
+        self.ring.submit_collective(batch[0].key, sum(sub.nbytes for sub in batch), ALLREDUCE, done)
 
 
 class _PSBackend:
@@ -144,6 +153,12 @@ def make_fabric(cluster: Cluster, loop: EventLoop, classes: Sequence[tuple[Worke
     return FullDuplexFabric(loop, bandwidths, multiplicity, servers, cluster.server_capacity)
 
 
+def collective_cost(cluster: Cluster, fabric: Fabric) -> CollectiveCost:
+    """The cost of one all-reduce on ``cluster`` (its algorithm, overhead and latency)."""
+    return CollectiveCost(fabric, cluster.workers, overhead=cluster.overhead, latency=cluster.latency,
+                          algorithm=cluster.collective)
+
+
 def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_bytes: float,
                       pieces: int | None = None) -> float:
     """Seconds to communicate one tensor alone (TicTac's time oracle for a transfer), in
@@ -151,8 +166,7 @@ def transfer_estimate(cluster: Cluster, fabric: Fabric, nbytes: int, partition_b
     if pieces is None:
         pieces = len(split_elements(nbytes // ELEMENT_BYTES, ELEMENT_BYTES, partition_bytes))
     if cluster.arch == "allreduce":
-        fixed = cluster.overhead + 2 * (cluster.workers - 1) * cluster.latency
-        return pieces * fixed + fabric.allreduce_seconds(nbytes, cluster.workers)
+        return pieces * collective_cost(cluster, fabric).seconds(nbytes / pieces)
     return pieces * 2 * (cluster.overhead + cluster.latency) + 2 * fabric.ps_lower_bound(nbytes, cluster.workers)
 
 
@@ -170,7 +184,7 @@ def _tictac_graph(profile: ModelProfile, plans: Sequence[TensorPlan], cluster: C
 # -- one run ----------------------------------------------------------------------------------
 def run(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams | None = None, *,
         iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
-        priorities: Sequence[int] | None = None, trace: bool = False) -> RunResult:
+        priorities: Sequence[int] | None = None, trace: bool = False, decoupled: bool = False) -> RunResult:
     """Simulate under ``policy`` (or :data:`VANILLA`) until rank 0 has finished the forward
     pass of iteration ``warmup + iterations``; the iteration time is the mean time between the
     ends of successive forward passes over the last ``iterations`` of them. (With
@@ -178,11 +192,20 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     forward pass: the quantity Theorem 1 of the paper minimises.)
 
     ``priorities`` overrides the tensors' priorities (forward order by default), e.g. to try
-    every transmission order; ``trace`` keeps rank 0's sub-tasks and compute spans.
+    every transmission order; ``trace`` keeps rank 0's sub-tasks and compute spans. With
+    ``decoupled`` (all-reduce, not vanilla) every sub-task the policy starts is a reduce-scatter and
+    the all-gathers follow in the next forward pass, in buckets of the partition size
+    (:mod:`~bytesched.sim.decoupled`).
     """
     if iterations < 1 or warmup < 0:
         raise ValueError(f"iterations={iterations} must be >= 1 and warmup={warmup} >= 0")
+    if decoupled and (cluster.arch != "allreduce" or policy == VANILLA):
+        raise ValueError(f"a decoupled all-reduce needs an all-reduce cluster and a policy, not {cluster.arch} "
+                         f"under {policy}")
     params = params or SchedulingParams()
+    if decoupled and params.batch_bytes > 0:  # a batch is one whole all-reduce, as torch.distributed runs it
+        raise ValueError(f"batching while busy (batch_bytes={params.batch_bytes}) is not modelled with a decoupled "
+                         f"all-reduce")
     vanilla = policy == VANILLA
     policy_name = "fifo" if vanilla else policy
     leader_policy = make_policy(policy_name, params)
@@ -195,21 +218,21 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     classes = cluster.worker_classes()
     fabric = make_fabric(cluster, loop, classes)
     if cluster.arch == "allreduce":
-        ring = RingAllreduce(loop, fabric, cluster.workers, len(classes),
-                             overhead=cluster.overhead, latency=cluster.latency,
-                             fusion_threshold=cluster.fusion_threshold, cycle_time=cluster.cycle_time)
-        backend: _AllreduceBackend | _PSBackend = _AllreduceBackend(ring)
+        ring = Allreduce(loop, collective_cost(cluster, fabric), len(classes),
+                         fusion_threshold=cluster.fusion_threshold, cycle_time=cluster.cycle_time)
+        backend: Backend = DecoupledAllreduce(ring, partition_bytes) if decoupled else _AllreduceBackend(ring)
     else:
         assignment = Assignment(cluster.assignment, cluster.num_servers, cluster.bigarray_bound)
         if not vanilla and cluster.assignment == "mxnet":
             plans = plugin_layout(plans, cluster.num_servers, cluster.bigarray_bound, partition_bytes)
-        backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes),
-                                             overhead=cluster.overhead, latency=cluster.latency))
+        backend = _PSBackend(ParameterServer(loop, fabric, assignment, len(classes), overhead=cluster.overhead,
+                                             latency=cluster.latency, asynchronous=cluster.asynchronous))
 
     # All-reduce runs as over Horovod, or, batching while busy, as over torch.distributed: every
-    # rank starts rank 0's batches, in its order.
+    # rank starts rank 0's batches, in its order. An asynchronous store's workers each start on
+    # readiness.
     batching = not vanilla and cluster.arch == "allreduce" and params.batch_bytes > 0
-    need = "ps" if cluster.arch == "ps" else "rank0" if batching else "immediate"
+    need = "ps" if cluster.arch == "ps" and not cluster.asynchronous else "rank0" if batching else "immediate"
     follow_rank0 = not vanilla and order_mode(leader_policy, need=need, world_size=cluster.workers) == "rank0"
     workers: list[WorkerClass] = []
     for index, (spec, _ranks) in enumerate(classes):
@@ -224,6 +247,7 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         workers.append(WorkerClass(index, loop, profile, plans, Scheduler(policy_object), backend,
                                    compute_scale=spec.compute, barrier=vanilla,
                                    update_on_device=cluster.arch == "allreduce",
+                                   gather=backend if isinstance(backend, DecoupledAllreduce) else None,
                                    batches=backend if batching and isinstance(backend, _AllreduceBackend) else None))
     leader = workers[0]
     if follow_rank0:
@@ -232,18 +256,35 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         leader.compute_spans = []
         leader.finished_subtasks = []
 
+    if cluster.asynchronous:
+        warmup, iterations = max(warmup, ASYNC_WARMUP), max(iterations, ASYNC_ITERATIONS)
     total = warmup + iterations
-    leader.on_backward_start = lambda k: loop.stop() if k == total else None
-    for worker in workers:
-        worker.begin()
+    # Synchronous workers keep pace with rank 0: its iterations are the job's. Asynchronous ones
+    # each keep their own: the job's iteration is their steps' harmonic mean (its samples/s is the
+    # sum of theirs), once every one has done ``total``.
+    measured = workers if cluster.asynchronous else [leader]
+    behind = [len(measured)]
+
+    def reached(k: int) -> None:
+        if k == total:
+            behind[0] -= 1
+            if not behind[0]:
+                loop.stop()
+    for worker in measured:
+        worker.on_backward_start = reached
+    for index, worker in enumerate(workers):
+        if cluster.asynchronous:  # spread the workers' steps over one step's compute
+            loop.call_at(index / len(workers) * worker.compute_time, worker.begin)
+        else:
+            worker.begin()
     if not loop.run():
         raise SimulationError(_stall_report(policy, workers, loop.now))
 
-    marks = leader.backward_starts
     started = leader.scheduler.stats.subtasks_started
+    steps = [(w.backward_starts[total] - w.backward_starts[warmup]) / iterations for w in measured]
     return RunResult(
         policy=policy,
-        iteration_time=(marks[total] - marks[warmup]) / iterations,
+        iteration_time=len(steps) / sum(1 / step for step in steps),
         iteration_starts=list(leader.iteration_starts),
         backward_starts=list(leader.backward_starts),
         partition_bytes=partition_bytes,
@@ -251,6 +292,7 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         subtasks_per_iteration=started / total,
         leader_policy=leader_policy,
         trace=Trace(leader.finished_subtasks or [], leader.compute_spans or []) if trace else None,
+        decoupled=decoupled,
     )
 
 

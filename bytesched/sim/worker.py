@@ -92,6 +92,21 @@ class SimCommTask(CommTask):
         self.worker.communicated(self)
 
 
+class Gather(Protocol):
+    """A second phase of communication after the Scheduler's (a decoupled all-reduce's
+    all-gathers, :mod:`bytesched.sim.decoupled`), which the next forward pass waits for instead."""
+
+    def enqueued(self, worker: "WorkerClass", iteration: int, tasks: Sequence[SimCommTask]) -> None:
+        """``tasks`` are the communication of ``iteration`` on ``worker``."""
+
+    def reduced(self, worker: "WorkerClass", task: SimCommTask) -> None:
+        """The Scheduler's phase of ``task`` is done; call ``worker.gathered(task)`` once the
+        second is."""
+
+    def forward_begins(self, worker: "WorkerClass", iteration: int) -> None:
+        """``worker`` begins the forward pass that follows ``iteration``."""
+
+
 class _Batcher:
     """A worker class's :class:`~bytesched.core.task.Batcher`: a batch is one operation of the
     simulated backend, and each of its sub-tasks finishes when it does."""
@@ -114,11 +129,13 @@ class WorkerClass:
 
     def __init__(self, index: int, loop: EventLoop, profile: ModelProfile, plans: Sequence[TensorPlan],
                  scheduler: Scheduler, backend: Backend, *, compute_scale: float, barrier: bool,
-                 update_on_device: bool, batches: BatchingBackend | None = None) -> None:
+                 update_on_device: bool, gather: Gather | None = None,
+                 batches: BatchingBackend | None = None) -> None:
         self.index = index
         self.loop = loop
         self.scheduler = scheduler
         self.backend = backend
+        self.gather = gather
         self.barrier = barrier
         self.batcher = None if batches is None else _Batcher(self, batches)
         """Where its tasks' sub-tasks start in batches (batching while busy), or None."""
@@ -128,6 +145,8 @@ class WorkerClass:
         # All-reduce applies the update on the worker's device; a PS applies it on the server.
         self.update = [layer.update * compute_scale if update_on_device else 0.0 for layer in layers]
         self.total_update = sum(self.update)
+        self.compute_time = sum(self.forward) + sum(self.backward) + self.total_update
+        """One iteration's compute on this class's device."""
         self.tensors_of: list[list[TensorPlan]] = [[] for _ in layers]
         self._gates = [0] * len(layers)  # per layer, the tasks its next forward pass waits for
         for plan in plans:
@@ -154,6 +173,8 @@ class WorkerClass:
 
     def _next_iteration(self) -> None:
         self.iteration += 1
+        if self.gather is not None and self.iteration > 0:
+            self.gather.forward_begins(self, self.iteration - 1)
         self._forward(0)
 
     def _gate_open(self, layer: int) -> bool:
@@ -197,6 +218,8 @@ class WorkerClass:
             for task in tasks:
                 self.scheduler.enqueue(task, now)
             self._tasks.append(tasks)
+        if self.gather is not None:
+            self.gather.enqueued(self, self.iteration, [task for tasks in self._tasks for task in tasks])
         self._backward(len(self.backward) - 1)
 
     def _backward(self, layer: int) -> None:
@@ -220,7 +243,15 @@ class WorkerClass:
 
     # -- communication ------------------------------------------------------------------------
     def communicated(self, task: SimCommTask) -> None:
-        """Every sub-task of ``task`` finished: its layer may be one step closer to its gate."""
+        """Every sub-task of ``task`` finished: its layer may be one step closer to its gate
+        (once its second phase is done too, if there is one)."""
+        if self.gather is not None:
+            self.gather.reduced(self, task)
+        else:
+            self.gathered(task)
+
+    def gathered(self, task: SimCommTask) -> None:
+        """``task``'s communication is through: its layers are one step closer to their gate."""
         counts = self._unfinished[task.iteration]
         for layer in task.plan.gated_layers:
             counts[layer] -= 1

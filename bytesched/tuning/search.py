@@ -3,12 +3,15 @@ Improvement over the lattice of :mod:`bytesched.tuning.space` (paper §4.3).
 
 The objective handed to the optimiser is ``-log(throughput)``: scikit-optimize minimises, and on
 a log scale a 10% gain means the same at 100 and at 10,000 samples/s, so the exploration
-parameter ``xi`` (0.1 by default, the paper's value) reads as "look for about 10% more" whatever
-the model's speed. The first trials are the points the caller suggests (the configured sizes, a
-previous job's best, the simulator's predictions), topped up from a Latin hypercube (spread over
-both knobs, which found the optimum in 30% fewer trials than uniformly random first points in
-``python -m benchmarks tuning``) until :data:`MIN_INITIAL` are known; the Gaussian process proposes
-every later one.
+parameter ``xi`` reads as "look for about that fraction more" whatever the model's speed. The
+first trials are the points the caller suggests (the configured sizes, a previous job's best, the
+simulator's predictions), topped up from a Latin hypercube (spread over both knobs, which found
+the optimum in 30% fewer trials than uniformly random first points in ``python -m benchmarks
+tuning``) until :data:`MIN_INITIAL` are known; then each trial is the untried lattice point of
+largest Expected Improvement over the best posterior mean of the points measured. The lattice
+holds 169 points, so EI is computed at every one of them: scikit-optimize's own proposal, the
+best of 2000 random draws, may be a point already measured, which it replaces by a random one
+(in the study, about one trial in three on the Transformer's parameter-server landscape).
 
 Noise: the process fits a white-noise term, so the best point is the measured point with the
 best *posterior mean*, not the luckiest single measurement, and the search stops when the largest
@@ -44,10 +47,14 @@ STOP_PATIENCE = 2
 MIN_TRIALS = 8
 """...but not before this many trials: with fewer points the process's length scales are guesses,
 and on a landscape that looks flat from three points it stopped 5-8% short of the optimum."""
-XI = 0.1
-"""Expected Improvement's exploration margin: the paper's value (its §4.3)."""
-ACQUISITION_SAMPLES = 2000
-"""Lattice points drawn to maximise EI over (the lattice has 169: each is drawn almost surely)."""
+XI = 0.03
+"""Expected Improvement's exploration margin, in log-throughput units (3 % more). The paper's 0.1
+(its §4.3) sent the search along the lattice's edges, where the process is least certain, before
+the interior where the parameter servers' optima lie: on the study's Transformer PS landscape BO
+then needed 12.5 trials on average, 7.6 with 0.03 (docs/tuning.md)."""
+OPTIMISER_DRAWS = 1
+"""Points scikit-optimize draws for its own acquisition after each fit: one, since
+:meth:`BayesianSearch.ask` computes EI on the whole lattice instead."""
 
 
 class BayesianSearch:
@@ -66,6 +73,7 @@ class BayesianSearch:
         if not (xi >= 0 and math.isfinite(xi)):
             raise ValueError(f"xi={xi!r} must be a finite number >= 0")
         self.space = space
+        self.xi = xi
         self.min_gain = min_gain
         self.min_trials = min_trials
         dims = [Integer(0, space.partition.size - 1, name="partition"),
@@ -76,7 +84,7 @@ class BayesianSearch:
         model = cook_estimator("GP", space=dims, random_state=seed, n_restarts_optimizer=0)
         self._optimizer = Optimizer(dims, base_estimator=model, acq_func="EI", acq_optimizer="sampling",
                                     acq_func_kwargs={"xi": xi},
-                                    acq_optimizer_kwargs={"n_points": ACQUISITION_SAMPLES},
+                                    acq_optimizer_kwargs={"n_points": OPTIMISER_DRAWS},
                                     n_initial_points=MIN_INITIAL, initial_point_generator="lhs",
                                     random_state=seed)
         self._queue: list[tuple[Point, str]] = []
@@ -100,13 +108,21 @@ class BayesianSearch:
             point, source = self._queue.pop(0)
             if all(point != p for p, _ in self.measured):
                 return point, source
-        source = "bo" if self._optimizer.models else "initial"
-        with warnings.catch_warnings(), threadpool_limits(limits=1):
-            # On a lattice the optimiser may propose a point it has measured; it then substitutes
-            # a random one and warns. That is a useful trial all the same: no warning.
-            warnings.simplefilter("ignore", UserWarning)
-            x = self._optimizer.ask()
-        return (int(x[0]), int(x[1])), source
+        model = self._model()
+        if model is None:  # the Latin hypercube's next point
+            with warnings.catch_warnings(), threadpool_limits(limits=1):
+                # a point the caller suggested may be drawn again: the optimiser then substitutes a
+                # random one and warns, a useful trial all the same
+                warnings.simplefilter("ignore", UserWarning)
+                x = self._optimizer.ask()
+            return (int(x[0]), int(x[1])), "initial"
+        untried = self._untried()
+        if not untried:  # every point was measured: the best again
+            return self.best()[0], "bo"
+        with threadpool_limits(limits=1):
+            gain = gaussian_ei(self._optimizer.space.transform([list(p) for p in untried]), model,
+                               y_opt=self._best_mean(model), xi=self.xi)
+        return untried[int(np.argmax(gain))], "bo"
 
     def tell(self, point: Point, throughput: float) -> None:
         """``point`` ran at ``throughput`` samples/s (any positive unit, used consistently)."""
@@ -146,14 +162,12 @@ class BayesianSearch:
         model = self._model()
         if model is None:
             return math.inf
-        tried = {p for p, _ in self.measured}
-        untried = [list(p) for p in self.space.points() if p not in tried]
+        untried = self._untried()
         if not untried:
             return 0.0
-        transform = self._optimizer.space.transform
         with threadpool_limits(limits=1):
-            best_mean = float(np.min(model.predict(transform([list(p) for p in tried]))))
-            return float(np.max(gaussian_ei(transform(untried), model, y_opt=best_mean, xi=0.0)))
+            return float(np.max(gaussian_ei(self._optimizer.space.transform([list(p) for p in untried]), model,
+                                            y_opt=self._best_mean(model), xi=0.0)))
 
     def should_stop(self) -> bool:
         """Little is left to gain: at least ``min_trials`` were measured, and after each of the
@@ -165,6 +179,15 @@ class BayesianSearch:
     def _model(self) -> Any:
         models = self._optimizer.models
         return models[-1] if models else None
+
+    def _untried(self) -> list[Point]:
+        tried = {p for p, _ in self.measured}
+        return [p for p in self.space.points() if p not in tried]
+
+    def _best_mean(self, model: Any) -> float:
+        """The best (least) posterior mean of ``-log(throughput)`` over the measured points."""
+        with threadpool_limits(limits=1):
+            return float(np.min(model.predict(self._optimizer.space.transform([list(p) for p, _ in self.measured]))))
 
     def _check(self, point: Point) -> Point:
         i, j = int(point[0]), int(point[1])

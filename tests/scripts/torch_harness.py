@@ -174,13 +174,15 @@ def new_model(name: str) -> nn.Module:
 def train(model: nn.Module, optimizer: Any, model_name: str, rank: int, steps: int = STEPS, *,
           first_step: int = 0, passes: int = 1, zero: str = "optimizer", scheduler: Any = None,
           synchronize: bool = False, clip: float | None = None, amp: bool = False,
-          between: Callable[[nn.Module, Any], None] | None = None) -> None:
+          between: Callable[[nn.Module, Any], None] | None = None,
+          after: Callable[[nn.Module, Any], None] | None = None) -> None:
     """``steps`` iterations on rank-specific data (batch i of rank r is the same in every run).
 
     ``zero``: "optimizer" or "model" (whose zero_grad); ``synchronize``: Horovod's idiom
     ``synchronize(); ...; with skip_synchronize(): step()``; ``clip``: clip_grad_norm_ between
     backward and step; ``amp``: a GradScaler scales the loss and unscales before clipping/stepping;
-    ``between``: called after backward and before step (to provoke unsupported cases).
+    ``between``: called after backward and before step (to provoke unsupported cases); ``after``:
+    called after step (and the scheduler's step).
     """
     _, batch, loss_fn = MODELS[model_name]
     scaler = torch.amp.GradScaler("cpu", init_scale=16.0) if amp else None
@@ -207,6 +209,8 @@ def train(model: nn.Module, optimizer: Any, model_name: str, rank: int, steps: i
                 scaler.update()
         if scheduler is not None:
             scheduler.step()
+        if after is not None:
+            after(model, optimizer)
 
 
 def snapshot(model: nn.Module) -> list[torch.Tensor]:

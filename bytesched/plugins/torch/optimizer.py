@@ -112,7 +112,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._proxies = ForwardProxies(model, slots, self._pipeline,
                                        ForwardTrace((slot.param for slot in slots), self._recorder),
                                        on_wait=None if self._timeline is None else self._timeline.forward_wait,
-                                       on_settle=self._order_settled)
+                                       on_settle=self._order_settled, piece_bytes=config.piece_bytes,
+                                       on_hidden=self._forward_hidden)
         self._ready_hooks = [slot.param.register_post_accumulate_grad_hook(self._ready_proxy(slot))
                              for slot in slots]
         self._hooks = []
@@ -180,6 +181,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
     def defaults(self, defaults: dict[str, Any]) -> None:
         self._inner.defaults = defaults
 
+    @torch.compiler.disable
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Crossing the barrier: release this iteration's updates and return at once (no closure).
         Barrier mode, or passing through: wait for every all-reduce, then run the wrapped
@@ -196,6 +198,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self._timeline.step_end()
         return result
 
+    @torch.compiler.disable
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; one whose update is still pending is cleared right after the update."""
         self._check_open()
@@ -204,6 +207,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         else:
             self._passing.zero_grad(set_to_none)
 
+    @torch.compiler.disable
     def synchronize(self) -> None:
         """Wait until communication and updates have landed.
 
@@ -226,12 +230,14 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         step() never re-synchronizes, so this context has nothing to switch off."""
         yield
 
+    @torch.compiler.disable
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state dict, once every pending update has been applied (the
         same format as without bytesched, so checkpoints are interchangeable)."""
         self._pipeline.wait_applied()
         return self._inner.state_dict()
 
+    @torch.compiler.disable
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load into the wrapped optimizer, once every pending update has been applied."""
         self._pipeline.wait_applied()
@@ -278,10 +284,17 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return not self._sizes.active and self._trial is None
 
     @property
+    def graph_pieces(self) -> list[int]:
+        """How many pieces each graph compiled so far for the model's forward pass was split into
+        (:mod:`.compiled`; empty while the model was not compiled)."""
+        return [count for pieces in self._proxies.pieces for count in pieces.pieces]
+
+    @property
     def core(self) -> Core:
         """The bytesched Core scheduling this optimizer's communication."""
         return self._core
 
+    @torch.compiler.disable
     def close(self, timeout: float = 60.0) -> None:
         """Let pending communication and updates land (up to ``timeout`` s), then remove the hooks
         and stop the threads. :func:`bytesched.runtime.shutdown` (at the end of a ``running()``
@@ -299,7 +312,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             self._passing.close()
         for hook in self._ready_hooks + self._hooks:
             hook.remove()
-        self._proxies.remove()
+        self._proxies.close()
         self._pipeline.close()
         if self._stop_polling is not None:
             self._stop_polling()
@@ -477,6 +490,18 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                                                    first_step=self._steps - 1)
         log.info("bytesched: %s; from step %d on, gradients take %s's own path", reason, self._steps - 1,
                  self._backend.name)
+
+    def _forward_hidden(self) -> None:
+        """The model's forward pass runs inside a graph compiled outside any compiled module of the
+        model (``torch.compile`` of the whole training step), where no forward proxy can hold it:
+        from now on the barrier is not crossed (barrier mode), and the pending updates land
+        before that graph runs (Dynamo is tracing it now)."""
+        if self._cross_barrier:
+            log.info("bytesched: the model's forward pass is compiled outside the model's modules (torch.compile "
+                     "of the training step?), where it cannot wait for updates: barrier mode from now on "
+                     "(compile the model itself, torch.compile(model), to cross the barrier)")
+            self._cross_barrier = False
+        self._pipeline.wait_applied()
 
     def _order_settled(self, read: list[ParamSlot], unread: list[ParamSlot]) -> None:
         """The first forward pass gave the priorities: say so once and, under ``tictac``, hand

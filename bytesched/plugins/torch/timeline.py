@@ -7,7 +7,9 @@ Per optimizer step ``n`` (``step()`` calls, counted from 0), on the rank's trace
 - ``step``: from the first forward pass after step ``n - 1`` returned (or from that return, if no
   forward pass came) to the return of step ``n``;
 - ``forward``: each call of the model, from its forward pre-hook to its forward hook, including
-  the time its forward proxies blocked;
+  the time its forward proxies blocked (none for a model compiled in place with
+  ``module.compile()``, whose hooks run inside its compiled graph; ``torch.compile(module)``'s
+  wrapper runs them outside);
 - ``backward``: each backward pass, from its first ready gradient to its last (the gradient of the
   last layer takes some backward compute before the first one is ready: that part is not seen);
 - ``forward wait``: each time a forward proxy blocked on a parameter whose update was still
@@ -22,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -54,6 +57,8 @@ class StepTimeline:
                 model.register_forward_hook(self._forward_end_hook, always_call=True)]
 
     def _forward_begin_hook(self, module: nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():  # a model compiled in place runs its hooks in its graph
+            return
         now = time.monotonic()
         self._end_backward()
         if self._step_begin is None:
@@ -62,7 +67,7 @@ class StepTimeline:
             self._forward_begin = now
 
     def _forward_end_hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._forward_begin is not None:
+        if not torch.compiler.is_compiling() and self._forward_begin is not None:
             self._sink.span("forward", self._forward_begin, time.monotonic(), self._step)
             self._forward_begin = None
 

@@ -13,9 +13,11 @@ Two things are learnt once, from the first forward pass through the model:
 
 Reads are observed with a ``TorchFunctionMode`` (every torch function sees its tensor arguments)
 that is active only during that first forward pass, from the first call into any of the model's
-modules until that call returns. Given a :class:`~bytesched.core.forward.ForwardRecorder`, the
-trace also hands it every function's tensor arguments and results: which functions use which
-results, the graph TicTac orders by (``tictac``).
+modules until that call returns. Inside a compiled module's call the mode is suspended (Dynamo
+would trace it into the graph); the graph's own reads are reported instead, when the graph is
+compiled (:mod:`.compiled`), with no hook point: the graph's pieces wait for them. Given a
+:class:`~bytesched.core.forward.ForwardRecorder`, the trace also hands it every function's tensor
+arguments and results: which functions use which results, the graph TicTac orders by (``tictac``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from bytesched.core.forward import ForwardRecorder
 
 HookPoint = tuple[nn.Module, str]
 """A module boundary: ``(module, "pre")`` before its forward runs, ``(module, "post")`` after."""
+
+IN_GRAPH = None
+"""The hook point of a parameter first read inside a compiled graph, whose pieces wait for it."""
 
 
 def _tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
@@ -55,8 +60,9 @@ class ForwardTrace(TorchFunctionMode):
         super().__init__()
         self._watched = {id(p) for p in params}
         self.recorder = recorder
-        self.first_read: dict[int, tuple[int, HookPoint]] = {}
+        self.first_read: dict[int, tuple[int, HookPoint | None]] = {}
         self.state = "armed"
+        self._suspended = False
         self._last: HookPoint | None = None
         self._outermost: nn.Module | None = None
 
@@ -77,6 +83,32 @@ class ForwardTrace(TorchFunctionMode):
         if module is self._outermost:
             self.__exit__(None, None, None)
             self.state = "done"
+
+    def suspend(self) -> None:
+        """A compiled module's call begins: take the mode off while it runs."""
+        if self.state == "tracing" and not self._suspended:
+            self._suspended = True
+            self.__exit__(None, None, None)
+
+    def resume(self) -> None:
+        """The compiled module's call returned: watch again."""
+        if self._suspended:
+            self._suspended = False
+            self.__enter__()
+
+    def graph_reads(self, params: Iterable[torch.Tensor]) -> None:
+        """A graph compiled during the first forward pass reads ``params`` in this order. One
+        compiled before any module's hook ran eagerly (a training step compiled as a whole) is
+        the first forward pass."""
+        params = list(params)
+        if self.state == "armed" and params:
+            self.state = "done"
+        elif self.state != "tracing":
+            return
+        for param in params:
+            key = id(param)
+            if key in self._watched and key not in self.first_read:
+                self.first_read[key] = (len(self.first_read), IN_GRAPH)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}

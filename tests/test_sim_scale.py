@@ -1,0 +1,39 @@
+"""``python -m benchmarks scale``: the share of the available gain and the table it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.scale import GRID, HELD_OUT, markdown, share, summary
+
+
+def row(model: str, plan: float, ideal: float) -> dict[str, object]:
+    return {"model": model, "arch": "ps", "workers": 8, "bandwidth": "25Gbps",
+            "speedups": {"fifo": 1.0, "bytescheduler": plan, "plan": plan}, "ideal": ideal,
+            "achievable": ideal, "plan_partition_bytes": 4e6, "plan_credit_bytes": 16e6,
+            "plan_share": share(plan, ideal), "best_share": share(plan, ideal), "decoupled_share": share(plan, ideal),
+            "achievable_share": 1.0, "breakdown": None}
+
+
+def test_share_is_the_part_of_the_ideal_gain_a_speedup_captures() -> None:
+    assert share(1.3, 1.6) == pytest.approx(0.5)
+    assert share(1.0, 1.0) is None
+
+
+def test_summary_counts_only_scenarios_with_at_least_five_percent_to_gain() -> None:
+    rows = [row("a", 1.3, 1.6), row("b", 1.1, 1.2), row("c", 1.01, 1.02), row("d", 0.99, 1.5)]
+    result = summary(rows)
+    assert (result["scenarios"], result["counted"]) == (4, 3)
+    assert result["median_share"] == pytest.approx(0.5)
+    assert result["min_share"] == pytest.approx(-0.02)
+    assert (result["below_0.3"], result["below_vanilla"]) == (1, 1)
+    table = markdown({"rows": rows, "summary": result})
+    assert "| c | PS | 8 | 25 Gbit/s | 1.01x | 1.01x | - | 1.02x | 1.02x | - | 4 / 16 MB |" in table
+    assert "Over the 3 of 4 scenarios" in table
+
+
+def test_the_held_out_clusters_share_no_worker_count_or_bandwidth_with_the_grid() -> None:
+    for arch in GRID.workers:
+        assert not set(GRID.workers[arch]) & set(HELD_OUT.workers[arch])
+    assert not set(GRID.bandwidths) & set(HELD_OUT.bandwidths)
+    assert len(GRID.scenarios()) == 30
