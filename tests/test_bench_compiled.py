@@ -37,6 +37,7 @@ def test_piece_sizes_are_scaled_like_the_model() -> None:
 def test_the_emulated_model_compiles_to_one_graph_that_sleeps_its_profile() -> None:
     """One graph (no break at the sleeps), and a step takes the profile's compute time."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps them
     profile = scaled_profile("resnet50", Scale(0.001, 0.05))
     model = CompiledModel(profile)
     compiled = torch.compile(model, backend="aot_eager")

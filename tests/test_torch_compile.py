@@ -76,7 +76,9 @@ class Net(nn.Module):
 
 @pytest.fixture
 def fresh_dynamo() -> Iterator[None]:
+    """Dynamo with nothing compiled and its counters at zero (``reset()`` keeps the counters)."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
     core.shutdown()
