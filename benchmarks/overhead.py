@@ -13,10 +13,11 @@ plan keeps on the CPU; not for mxnet-ps). bytesched runs
 with no other settings, so the start-up plan picks its sizes, as for a user who sets none. A plan
 that stays out passes every gradient to the framework's own path (PyTorch's once its path trial
 found that path the faster; the timed steps begin once the trial decided), so those modes
-measure that path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through the Core that
-a plan with sizes, or tuning, takes; ``batched`` the same path with batching while busy up to
-1 MB (``BYTESCHED_BATCH_BYTES``); ``off`` (``BYTESCHED_POLICY=off``, default fusion) the
-framework's own path from the first step. Reported per
+measure that path; ``core`` (``BYTESCHED_PLAN=0``, one task per tensor) measures the path through
+the Core that a plan with sizes, or tuning, takes (over torch.distributed the native Core's, ``pycore`` the
+Python Core's, ``BYTESCHED_NATIVE=off``); ``batched`` the same path with batching while busy up to
+1 MB (``BYTESCHED_BATCH_BYTES``; ``pybatched`` on the Python Core); ``off`` (``BYTESCHED_POLICY=off``,
+default fusion) the framework's own path from the first step. Reported per
 framework and mode: the median over rounds of each job's milliseconds per step, and the
 difference to ``plain`` per tensor; and rank 0's context switches per tensor over the timed steps
 (every thread's, voluntary and not: each time a thread blocks, on the GIL, a lock, a queue or the
@@ -55,9 +56,13 @@ from .provenance import command_line, revision
 FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
 MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_BYTES": "1"}, "fused": {},
                                    "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0"},
+                                   "pycore": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
+                                              "BYTESCHED_NATIVE": "off"},
                                    "off": {"BYTESCHED_POLICY": "off"},
                                    "batched": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
-                                               "BYTESCHED_BATCH_BYTES": "1MB"}}
+                                               "BYTESCHED_BATCH_BYTES": "1MB"},
+                                   "pybatched": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
+                                                 "BYTESCHED_BATCH_BYTES": "1MB", "BYTESCHED_NATIVE": "off"}}
 """Each mode and the environment its job runs with, over the caller's."""
 UNFUSED_ONLY = ("mxnet-ps",)
 """Stacks whose bytesched plugin does not fuse: no ``fused`` mode."""

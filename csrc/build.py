@@ -1,4 +1,4 @@
-"""Build the C++ libraries in csrc/ against the installed mxnet wheel.
+"""Build the C++ libraries in csrc/ against the installed mxnet and torch wheels.
 
     python csrc/build.py            # build what is out of date, print each library's path
     python csrc/build.py --force    # rebuild
@@ -6,13 +6,17 @@
 - ``csrc/proxies.cc``: the MXNet plugin's Dependency Proxies,
   ``bytesched/plugins/mxnet/libbytesched_mxnet.so``;
 - ``csrc/emulated_device.cc``: the benchmark's emulated accelerator for MXNet,
-  ``benchmarks/emulated/libbytesched_emulated_device.so``.
+  ``benchmarks/emulated/libbytesched_emulated_device.so``;
+- ``csrc/torch_core.cc`` with ``scheduler.cc`` and ``order_link.cc``: the native Scheduler and
+  the PyTorch plugin's hot path over torch.distributed, a torch extension module,
+  ``bytesched/plugins/torch/_native<EXT_SUFFIX>``.
 
-The wheel ships MXNet's headers (``mxnet/include``) and ``libmxnet.so``; each library is linked
-against that exact ``libmxnet.so`` (with an rpath to it) and written next to the module that
-loads it (git-ignored). A stamp per library in ``build/csrc/`` holding the hash of the source,
-the compiler command and libmxnet.so's identity makes a repeated set-up a no-op. mxnet is located
-without importing it (an import costs seconds).
+The mxnet wheel ships MXNet's headers (``mxnet/include``) and ``libmxnet.so``, the torch wheel
+its headers (``torch/include``, pybind11's among them) and libraries (``torch/lib``); each
+library is linked against those exact libraries (with an rpath to them) and written next to the
+module that loads it (git-ignored). A stamp per library in ``build/csrc/`` holding the hash of
+the sources, the compiler command and the linked library's identity makes a repeated set-up a
+no-op. mxnet and torch are located without importing them (an import costs seconds).
 
 Exit status: 0 built or up to date; 1 a prerequisite is missing or the compiler failed (the
 message names which).
@@ -28,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,18 +44,27 @@ WORK = ROOT / "build" / "csrc"  # stamps and partial outputs (build/ is git-igno
 DEFINES = ["-DMSHADOW_USE_CUDA=0", "-DMSHADOW_USE_MKL=0", "-DMSHADOW_USE_CBLAS=0", "-DDMLC_USE_CXX11=1"]
 
 
+CSRC = ROOT / "csrc"
+
+
 @dataclass(frozen=True)
 class Target:
-    """One library: its source and where its loader expects it."""
+    """One library: its sources (the first names it in messages), the headers they include, where
+    its loader expects it, and the framework it is built against (``mxnet`` or ``torch``)."""
 
-    source: Path
+    sources: tuple[Path, ...]
     output: Path
+    framework: str = "mxnet"
+    headers: tuple[Path, ...] = ()
 
 
-PROXIES = Target(ROOT / "csrc" / "proxies.cc", ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so")
-EMULATED_DEVICE = Target(ROOT / "csrc" / "emulated_device.cc",
+PROXIES = Target((CSRC / "proxies.cc",), ROOT / "bytesched" / "plugins" / "mxnet" / "libbytesched_mxnet.so")
+EMULATED_DEVICE = Target((CSRC / "emulated_device.cc",),
                          ROOT / "benchmarks" / "emulated" / "libbytesched_emulated_device.so")
-TARGETS = (PROXIES, EMULATED_DEVICE)
+TORCH_NATIVE = Target((CSRC / "torch_core.cc", CSRC / "scheduler.cc", CSRC / "order_link.cc"),
+                      ROOT / "bytesched" / "plugins" / "torch" / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}",
+                      "torch", (CSRC / "scheduler.h", CSRC / "order_link.h"))
+TARGETS = (PROXIES, EMULATED_DEVICE, TORCH_NATIVE)
 
 
 class BuildError(RuntimeError):
@@ -70,6 +84,20 @@ def mxnet_dir() -> Path:
         if not needed.exists():
             raise BuildError(f"{needed} is missing: the mxnet wheel should ship it "
                              "(reinstall mxnet==1.9.1)")
+    return package
+
+
+def torch_dir() -> Path:
+    """The installed torch package directory (found without importing torch)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        raise BuildError(f"torch is not installed for {sys.executable}: install torch==2.13.0 "
+                         "(scripts/setup.sh does)")
+    package = Path(spec.origin).parent
+    for needed in (package / "include" / "torch" / "csrc" / "distributed" / "c10d" / "ProcessGroup.hpp",
+                   package / "include" / "pybind11" / "pybind11.h", package / "lib" / "libtorch_python.so"):
+        if not needed.exists():
+            raise BuildError(f"{needed} is missing: the torch wheel should ship it (reinstall torch==2.13.0)")
     return package
 
 
@@ -102,17 +130,34 @@ def mkldnn_defines(package: Path) -> list[str]:
     return ["-DMXNET_USE_MKLDNN=1", f"-I{headers}"]
 
 
-def command(cxx: str, package: Path, source: Path, output: Path) -> list[str]:
-    """The compile-and-link command line."""
-    return [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
-            f"-I{package / 'include'}", *DEFINES, *mkldnn_defines(package), "-o", str(output), str(source),
+def command(cxx: str, target: Target, package: Path, output: Path) -> list[str]:
+    """The compile-and-link command line of ``target`` against ``package`` (its framework's)."""
+    base = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas"]
+    sources = [str(source) for source in target.sources]
+    if target.framework == "torch":
+        # A torch extension as torch.utils.cpp_extension would build one, without ninja: torch's
+        # and Python's headers, linked against the wheel's libraries.
+        include = package / "include"
+        return [*base, f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+                f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=_native",
+                "-DTORCH_API_INCLUDE_EXTENSION_H", "-fvisibility=hidden",
+                "-o", str(output), *sources, f"-L{package / 'lib'}", "-lc10", "-ltorch", "-ltorch_cpu",
+                "-ltorch_python", f"-Wl,-rpath,{package / 'lib'}"]
+    return [*base, f"-I{package / 'include'}", *DEFINES, *mkldnn_defines(package), "-o", str(output), *sources,
             f"-L{package}", "-l:libmxnet.so", f"-Wl,-rpath,{package}"]
 
 
-def fingerprint(source: Path, argv: list[str], package: Path) -> str:
-    """What a build depends on: source, command, and the libmxnet.so it links."""
-    lib = (package / "libmxnet.so").stat()
-    digest = hashlib.sha256(source.read_bytes())
+def linked_library(target: Target, package: Path) -> Path:
+    """The framework library ``target`` links, whose identity its stamp records."""
+    return package / "lib" / "libtorch_cpu.so" if target.framework == "torch" else package / "libmxnet.so"
+
+
+def fingerprint(target: Target, argv: list[str], package: Path) -> str:
+    """What a build depends on: sources and headers, command, and the framework library it links."""
+    lib = linked_library(target, package).stat()
+    digest = hashlib.sha256()
+    for path in (*target.sources, *target.headers):
+        digest.update(path.read_bytes())
     digest.update("\0".join(argv).encode())
     digest.update(f"{lib.st_size}:{lib.st_mtime_ns}".encode())
     return digest.hexdigest()
@@ -120,19 +165,19 @@ def fingerprint(source: Path, argv: list[str], package: Path) -> str:
 
 def build_target(target: Target, cxx: str, package: Path, force: bool) -> Path:
     """Build one library if it is missing or out of date; return its path."""
-    argv = command(cxx, package, target.source, target.output)
-    want = fingerprint(target.source, argv, package)
-    stamp = WORK / f"{target.output.stem}.stamp"
+    argv = command(cxx, target, package, target.output)
+    want = fingerprint(target, argv, package)
+    stamp = WORK / f"{target.output.name.split('.')[0]}.stamp"
     if not force and target.output.exists() and stamp.exists() and stamp.read_text() == want:
         return target.output
     WORK.mkdir(parents=True, exist_ok=True)
     target.output.parent.mkdir(parents=True, exist_ok=True)
     partial = WORK / target.output.name
-    argv_partial = command(cxx, package, target.source, partial)
+    argv_partial = command(cxx, target, package, partial)
     result = subprocess.run(argv_partial, capture_output=True, text=True)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise BuildError(f"compiling {target.source} failed:\n  {' '.join(argv_partial)}\n"
+        raise BuildError(f"compiling {target.sources[0]} failed:\n  {' '.join(argv_partial)}\n"
                          + result.stderr[-4000:])
     partial.replace(target.output)  # atomic: a concurrent loader never sees a half-written library
     stamp.write_text(want)
@@ -141,9 +186,9 @@ def build_target(target: Target, cxx: str, package: Path, force: bool) -> Path:
 
 def build(force: bool = False) -> list[Path]:
     """Build every library that is missing or out of date; return their paths."""
-    package = mxnet_dir()
+    packages = {"mxnet": mxnet_dir(), "torch": torch_dir()}
     cxx = compiler()
-    return [build_target(target, cxx, package, force) for target in TARGETS]
+    return [build_target(target, cxx, packages[target.framework], force) for target in TARGETS]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,7 +95,7 @@ else
   echo "    installed from the cached wheel and checked before"
 fi
 
-say "C++ libraries (csrc/: MXNet Dependency Proxies, emulated device; against the mxnet wheel)"
+say "C++ libraries (csrc/: MXNet Dependency Proxies, emulated device, against the mxnet wheel; the native Scheduler and torch.distributed hot path, a torch extension)"
 # csrc/build.py skips the compiler when source, command and libmxnet.so are unchanged; on failure
 # it names what is missing (g++, the mxnet headers) or shows the compiler's error.
 if ! csrc_out="$("$VENV/bin/python" "$ROOT/csrc/build.py" 2>&1)"; then

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bytesched.core.config import POLICIES
+from bytesched.core.config import NATIVE_POLICIES, POLICIES
 from bytesched.launch.ports import free_port
 from conftest import SCRIPTS, require, require_executable, run_job
 
@@ -189,8 +189,10 @@ def test_horovod_three_ranks_within_tolerance(hvd3: Launch) -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(480)
 def test_distributed_bit_identical_for_every_optimizer_and_policy(dist2: Launch) -> None:
-    """Followers obey rank 0's order over the channel: the same bits as a hand-written all-reduce."""
-    dist2.check(matrix_names())
+    """Followers obey rank 0's order: the same bits as a hand-written all-reduce, on the native
+    Core (the default for the policies it implements) and on the Python Core."""
+    dist2.check(matrix_names() + ["core/auto", "core/off"]
+                + [f"python/{opt}/{policy}/split" for opt in ("sgd", "adam") for policy in NATIVE_POLICIES])
 
 
 @pytest.mark.multiproc
@@ -213,8 +215,9 @@ def test_distributed_passes_through_once_the_plan_stays_out(dist2: Launch) -> No
 def test_distributed_batching_while_busy_keeps_the_bits(dist2: Launch) -> None:
     """Partitions that become ready while others are in flight start as one all-reduce of up to
     8,000 bytes on every rank (rank 0 announces the batches): the same bits as the hand-written
-    all-reduce."""
-    dist2.check(["batch/sgd", "batch/adam", "batch/started"])
+    all-reduce, on the Python Core and on the native one."""
+    dist2.check(["batch/sgd", "batch/adam", "batch/started", "batch/native/sgd", "batch/native/adam",
+                 "batch/native/started"])
 
 
 @pytest.mark.multiproc

@@ -29,6 +29,9 @@ SIMULATED_POLICIES = POLICIES
 """The policies the simulator can run: every one a job can."""
 ORDER_MODES = ("auto", "rank0", "immediate")
 STAY_OUT_PATHS = ("auto", "measure", "predict")
+NATIVE_MODES = ("auto", "on", "off")
+NATIVE_POLICIES = ("bytescheduler", "fifo")
+"""The policies the native Scheduler (csrc/scheduler.cc) implements; the others keep the Python Core."""
 """How a start-up plan that stays out of the way picks its path (``BYTESCHED_STAY_OUT_PATH``)."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -169,6 +172,10 @@ class Config:
     path and the framework's own (:mod:`bytesched.runtime.path_trial`): ``measure`` times both,
     ``predict`` follows the plan's prediction (on a GPU: always the framework's), ``auto`` (the
     default) measures."""
+    native: str = "auto"
+    """Where the PyTorch plugin's hot path over torch.distributed runs (``BYTESCHED_NATIVE``):
+    ``auto`` natively wherever it can (CPU gradients, a policy in :data:`NATIVE_POLICIES`),
+    ``on`` natively or an error naming why not, ``off`` through the Python Core."""
     scheduling: bool = True
     """False (``BYTESCHED_POLICY=off``): every plugin hands its gradients to the framework's own
     path from the first step, as after a start-up plan that stays out and passes through, so a job
@@ -390,6 +397,11 @@ VARIABLES: tuple[Variable, ...] = (
              "all-reduce, and the faster is kept on every rank (the Core only when faster by 2 %); predict: "
              "the framework's own unless sizes were predicted to gain 2 % (on a GPU, always the framework's); "
              "auto: measure."),
+    Variable("BYTESCHED_NATIVE", "native", _choice(NATIVE_MODES), "auto",
+             "The PyTorch plugin over torch.distributed: auto: the Core's per-piece work (ready queue, credit, "
+             "partitions, each piece's all-reduce and its completion, rank 0's order to the others) runs in C++ "
+             "where it can (gradients on the CPU, the bytescheduler or fifo policy), else in the Python Core, "
+             "which the log says; on: in C++ or an error naming why it cannot; off: in the Python Core."),
     Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
              "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
              "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),

@@ -563,10 +563,12 @@ _core: Core | None = None
 _core_lock = threading.Lock()
 
 
-def init(config: Config, **kwargs: Any) -> Core:
+def init(config: Config, *, make: Callable[..., Core] | None = None, **kwargs: Any) -> Core:
     """Create and start this process's Core (idempotent). The plugins get theirs from
     :func:`bytesched.runtime.start_core`, which also stops it at exit; whoever calls ``init``
     directly calls :func:`shutdown` (the Core's thread is a daemon: it never keeps a process alive).
+    ``make(config, **kwargs)`` makes it (default :class:`Core`; a plugin's backend may make one
+    with the same interface whose hot path is native, as the PyTorch plugin's over torch.distributed).
 
     A second call returns the running Core; it is an error if it asks for another config.
     """
@@ -577,7 +579,7 @@ def init(config: Config, **kwargs: Any) -> Core:
                 raise RuntimeError("bytesched Core is already running with another configuration; "
                                    "call bytesched.core.shutdown() first")
             return _core
-        _core = Core(config, **kwargs).start()
+        _core = (make or Core)(config, **kwargs).start()
         return _core
 
 

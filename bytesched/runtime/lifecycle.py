@@ -86,6 +86,15 @@ class Workers(Protocol):
 
 
 @runtime_checkable
+class MakesCore(Protocol):
+    """Workers whose backend makes the Core itself (the PyTorch plugin's torch.distributed backend
+    makes a native one where it can)."""
+
+    def make_core(self, config: Config, **kwargs: object) -> Core:
+        """A Core for ``config``, made as :class:`Core` is (``kwargs``: rank, order, channel, ...)."""
+
+
+@runtime_checkable
 class Ranks(Workers, Protocol):
     """Workers with collectives among them (Horovod, torch.distributed): rank 0's channel listens
     on a free port and tells the others through :meth:`broadcast_int`. Without them (a parameter
@@ -125,7 +134,8 @@ def start_core(config: Config, backend: Workers, *, policy: Policy | None = None
         if _close_channel():
             backend.barrier()  # every rank closed its old channel before rank 0 listens again
         channel = _open(config, backend)
-    core = init(config, rank=backend.rank, order=order, channel=channel, policy=policy,
+    core = init(config, make=backend.make_core if isinstance(backend, MakesCore) else None, rank=backend.rank,
+                order=order, channel=channel, policy=policy,
                 timeline=open_timeline(config, rank=backend.rank, world_size=backend.size))
     if channel is not None:
         global _channel_core

@@ -1,9 +1,11 @@
 """Run under ``torchrun``: ScheduledOptimizer over torch.distributed (Gloo) trains exactly like a
 hand-written all-reduce of every gradient after backward.
 
-Followers obey rank 0's order over the rank-0 channel (c10d matches collectives by issue order).
-Two ranks, so sums are exact and results must be bit-identical: every optimizer x every policy
-with partitions that split tensors (and every policy with its default partition for SGD); tied
+Followers obey rank 0's order (c10d matches collectives by issue order). The native Core schedules
+the policies it implements (the default on the CPU), the Python Core the others, and both cases
+again on the Python Core. Two ranks, so sums are exact and results must be bit-identical: every
+optimizer x every policy with partitions that split tensors (and every policy with its default
+partition for SGD); tied
 weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
 the same loop habits once a start-up plan stays out and the buckets are all-reduced from backward's
 hooks (and clipping without synchronize() then still fails with the way out); eval; then 50
@@ -17,14 +19,14 @@ from typing import Any
 
 import torch
 
-from bytesched.core import SchedulingParams
+from bytesched.core import SchedulingParams, get_core
 from bytesched.core.config import POLICIES
 from bytesched.plugins.torch import BarrierCrossingError
 from bytesched.plugins.torch.task import GradientBatcher
 from torch_deadlock import no_deadlock
 from torch_harness import SPLIT, Reporter
-from torch_suites import (DistributedFlavor, checkpoint, evaluation, loop_habits, matrix, passing_through,
-                          run_baseline, run_scheduled, tied_weights)
+from torch_suites import (DistributedFlavor, both_cores, checkpoint, evaluation, loop_habits, matrix,
+                          native_setting, passing_through, run_baseline, run_scheduled, tied_weights)
 
 
 def clip_while_passing(report: Reporter, flavor: DistributedFlavor) -> None:
@@ -50,7 +52,8 @@ BATCHED = SchedulingParams(partition_bytes=4000, credit_bytes=16000, batch_bytes
 
 def batching(report: Reporter, flavor: DistributedFlavor) -> None:
     """Batching while busy: the same bits as the hand-written all-reduce (two ranks: each sum is
-    one addition, whatever buffer it is done in), and batches did start."""
+    one addition, whatever buffer it is done in), and batches did start, on the Python Core (its
+    GradientBatcher) and on the native one (fewer collectives than pieces)."""
     sizes: list[int] = []
     start = GradientBatcher.start_batch
 
@@ -61,11 +64,23 @@ def batching(report: Reporter, flavor: DistributedFlavor) -> None:
     try:
         for opt_name in ("sgd", "adam"):
             name = f"batch/{opt_name}"
-            report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", opt_name),
-                                                 run_scheduled(flavor, "cnn", opt_name, BATCHED)))
+            with native_setting("off"):
+                report.run(name, lambda: report.same(name, run_baseline(flavor, "cnn", opt_name),
+                                                     run_scheduled(flavor, "cnn", opt_name, BATCHED)))
     finally:
         GradientBatcher.start_batch = start  # type: ignore[method-assign]
     report.result("batch/started", bool(sizes), f"batches={len(sizes)} pieces={sum(sizes)}")
+    started = [0, 0]
+    for opt_name in ("sgd", "adam"):
+        name = f"batch/native/{opt_name}"
+
+        def native(name: str = name, opt_name: str = opt_name) -> None:
+            report.same(name, run_baseline(flavor, "cnn", opt_name), run_scheduled(flavor, "cnn", opt_name, BATCHED))
+            for i, count in enumerate(get_core().started()):  # type: ignore[attr-defined]
+                started[i] += count
+        report.run(name, native)
+    report.result("batch/native/started", started[0] < started[1],
+                  f"collectives={started[0]} pieces={started[1]}")
 
 
 def main() -> None:
@@ -73,6 +88,7 @@ def main() -> None:
     torch.set_num_threads(1)
     report = Reporter(flavor.rank)
     matrix(report, flavor, ["sgd", "adam", "adamw", "rmsprop"], POLICIES, 0.0)
+    both_cores(report, flavor, ("sgd", "adam"))
     tied_weights(report, flavor, ("sgd", "adam"), 0.0)
     name = "dist/backward_passes_per_step=2"
     report.run(name, lambda: report.same(

@@ -62,6 +62,7 @@ import bytesched.runtime.start_observer as observer_module
 from bytesched.core import Core, SchedulingParams
 from bytesched.core.config import format_size
 from bytesched.plugins.torch import ScheduledOptimizer
+from bytesched.plugins.torch.native import NativeCore
 from bytesched.plugins.torch.pipeline import UpdatePipeline
 from bytesched.sim.plan import STAY_OUT, Plan, make_plan
 from plan_cases import timed_but_fixed
@@ -79,19 +80,23 @@ CORE_MARGIN = path_trial_module.CORE_MARGIN
 FORCED = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
 SET_PARAMS: list[list[str]] = []
 LAYOUTS: list[int] = []  # the optimizer's number of buckets after each fuse() or unfuse()
-_set_params = Core.set_params
 measure_network = observer_module.measure_network
 stay_out_bound = optimizer_module._stay_out_bound
 pass_through_margin = optimizer_module._pass_through_margin
 weighs_fusion = optimizer_module._weighs_fusion
 
 
-def recording_set_params(core: Core, params: SchedulingParams) -> None:
-    SET_PARAMS.append([format_size(params.partition_bytes), format_size(params.credit_bytes)])  # type: ignore[arg-type]
-    _set_params(core, params)
+def recording(set_params: Callable[[Any, SchedulingParams], None]) -> Callable[[Any, SchedulingParams], None]:
+    """``set_params`` of a Core class, recording each call's sizes in SET_PARAMS first."""
+    def record(core: Any, params: SchedulingParams) -> None:
+        SET_PARAMS.append([format_size(params.partition_bytes), format_size(params.credit_bytes)])  # type: ignore[arg-type]
+        set_params(core, params)
+    return record
 
 
-Core.set_params = recording_set_params  # type: ignore[method-assign]
+# Every Core the plugin may make: the Python one and, over torch.distributed, the native one.
+Core.set_params = recording(Core.set_params)  # type: ignore[method-assign]
+NativeCore.set_params = recording(NativeCore.set_params)  # type: ignore[method-assign]
 
 
 def recording(relayout: Callable[..., None]) -> Callable[..., None]:

@@ -9,6 +9,7 @@ the same per-rank data (torch_harness.train); the final parameters are compared.
 from __future__ import annotations
 
 import contextlib
+import os
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterator
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from bytesched.core import OFF, SchedulingParams
+from bytesched.core.config import NATIVE_POLICIES
 from bytesched.runtime import start_observer
 from bytesched.plugins.torch import ScheduledOptimizer
 from torch_harness import OPTIMIZERS, SPLIT, STEPS, Reporter, config, load, new_model, save, snapshot, train
@@ -322,3 +324,43 @@ def evaluation(report: Reporter, flavor: Flavor) -> None:
     expected = after(lambda m: flavor.baseline(m, OPTIMIZERS["sgd"](m.parameters())))
     got = after(lambda m: flavor.scheduled(m, OPTIMIZERS["sgd"](m.parameters()), SPLIT, "bytescheduler", True))
     report.same("eval/after_step", expected, got)
+
+
+@contextlib.contextmanager
+def native_setting(value: str) -> Iterator[None]:
+    """``BYTESCHED_NATIVE=value`` for the configurations made inside (every rank alike)."""
+    before = os.environ.get("BYTESCHED_NATIVE")
+    os.environ["BYTESCHED_NATIVE"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["BYTESCHED_NATIVE"]
+        else:
+            os.environ["BYTESCHED_NATIVE"] = before
+
+
+def both_cores(report: Reporter, flavor: Flavor, optimizers: tuple[str, ...]) -> None:
+    """Over torch.distributed on the CPU the native Core schedules the native policies by default
+    (the matrix ran it); the Python Core (``BYTESCHED_NATIVE=off``) gives the same bits too. Each
+    setting makes the Core it names."""
+    for setting, kind in (("auto", "NativeCore"), ("off", "Core")):
+        name = f"core/{setting}"
+
+        def made(setting: str = setting, kind: str = kind, name: str = name) -> None:
+            model = new_model("cnn")
+            with native_setting(setting):
+                optimizer = flavor.scheduled(model, OPTIMIZERS["sgd"](model.parameters()), SPLIT, "bytescheduler", True)
+            made = type(optimizer.core).__name__
+            optimizer.close()
+            report.result(name, made == kind, f"core={made}")
+        report.run(name, made)
+    for opt_name in optimizers:
+        expected = run_baseline(flavor, "cnn", opt_name)
+        for policy in NATIVE_POLICIES:
+            name = f"python/{opt_name}/{policy}/split"
+
+            def python(opt_name: str = opt_name, policy: str = policy, name: str = name) -> None:
+                with native_setting("off"):
+                    report.same(name, expected, run_scheduled(flavor, "cnn", opt_name, SPLIT, policy))
+            report.run(name, python)

@@ -130,9 +130,17 @@ def make_backend(optimizer: torch.optim.Optimizer, process_group: Any = None) ->
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         from .distributed import DistributedBackend
-        return DistributedBackend(process_group)
+        return DistributedBackend(process_group, _device_of(optimizer))
     raise RuntimeError(
         f"ScheduledOptimizer needs an all-reduce backend for {type(optimizer).__name__}: either wrap it "
         "in hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()) first "
         "(Horovod), or call torch.distributed.init_process_group() before creating it "
         "(torch.distributed)")
+
+
+def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
+    """Where ``optimizer``'s first parameter lives (the CPU if it has none)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            return param.device
+    return torch.device("cpu")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
-from bytesched.core import SubTask
+from bytesched.core import Config, Core, SubTask
 
 from .backend import Backend, operation_buffer
 from .fusion import unpack
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .task import GradientTask
 
 
+CPU = torch.device("cpu")
+"""Where gradients live unless the backend is told otherwise."""
+
 class DistributedBackend(Backend):
     """All-reduce over a torch.distributed process group (the default group unless given)."""
 
@@ -39,10 +42,12 @@ class DistributedBackend(Backend):
     fuses_by_itself = False
     batches = True
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, device: torch.device = CPU) -> None:
         self._group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self.device = device
+        """Where the gradients live (the native Core runs on CPU tensors)."""
         self._batchers: dict[tuple[torch.dtype, torch.device], GradientBatcher] = {}
 
     def batcher_for(self, wire: torch.Tensor) -> GradientBatcher:
@@ -52,6 +57,13 @@ class DistributedBackend(Backend):
         if batcher is None:
             batcher = self._batchers[key] = GradientBatcher(self.all_reduce_async)
         return batcher
+
+    def make_core(self, config: Config, **kwargs: Any) -> Core:
+        """The job's Core: native where it can be (:func:`.native.make_core`), unless a subclass
+        starts the pieces its own way (:meth:`start`), which only the Python Core calls."""
+        from .native import make_core
+        return make_core(config, self._group if self._group is not None else dist.group.WORLD, self.device,
+                         self.broadcast_int, own_start=type(self).start is not DistributedBackend.start, **kwargs)
 
     def barrier(self) -> None:
         dist.barrier(group=self._group)

@@ -44,6 +44,7 @@ from bytesched.core.channel import ChannelError
 from . import streams
 from .backend import Backend
 from .fusion import Bucket, backward_order, merge_buckets
+from .native import NativeCore, UpdateJobs
 from .task import GradientTask
 from .updates import PartialStep
 
@@ -170,7 +171,9 @@ class UpdatePipeline:
         self._on_communicated = self._communicated
         self._on_failed = self.fail
         # A job returns the tasks it made due for their update (the update thread applies them).
-        self._jobs: queue.SimpleQueue[Callable[[], list[GradientTask]] | None] = queue.SimpleQueue()
+        # On the native Core the queue also carries its completed tasks (native.UpdateJobs).
+        self._jobs: queue.SimpleQueue[Callable[[], list[GradientTask]] | None] | UpdateJobs = \
+            core.update_jobs() if isinstance(core, NativeCore) else queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run_jobs, name="bytesched-updates", daemon=True)
         self._thread.start()
 
