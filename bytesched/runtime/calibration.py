@@ -31,9 +31,9 @@ FIXED_PER_ROUND = 5
 """Small operations per round, then one large: the small ones are cheap and the noisier."""
 LARGE_BYTES_RANGE = (4_000_000, 16_000_000)
 """The large operation moves the model's gradient bytes, within these bounds: large enough that
-bandwidth dominates its time, small enough that calibrating costs under a second at 1 Gbit/s.
-(A 1 MB all-reduce over Horovod on loopback once took 1.01 ms against 1.08 ms for 4 bytes, both
-Horovod's cycle: the measurement was refused and the plan stayed out without one.)"""
+bandwidth dominates its time (below that, Horovod's cycle can hide the bytes' cost, and the
+fit is refused: docs/plan.md, "What it costs"), small enough that calibrating costs under a second
+at 1 Gbit/s."""
 
 
 class InconsistentCalibration(ValueError):

@@ -1,11 +1,11 @@
 """Tensor fusion: small gradients share one CommTask (a *bucket*), so each costs no message of its own.
 
 Every collective pays a fixed cost (a Gloo round trip, a rank-0 order announcement, the Core's
-events), about 1.6 ms on an emulated 1 Gbit/s network (2-core machine) against 0.2 ms of payload for a
-25 KB tensor. A Transformer's 188 tensors therefore doubled its step against DDP, whose buckets pay
-that cost a few times per step. A bucket is a run of parameters, consecutive in the optimizer's
-order (the reverse of which is the order backward produces them for most models), of one group,
-dtype and device, holding at most ``fusion_bytes`` together; a larger parameter is a bucket alone.
+events), several times a small tensor's payload, which DDP's buckets pay a few times per step
+(figures: docs/experiments/per-tensor-cost.md, "Figures behind the PyTorch plugin's rules").
+A bucket is a run of parameters, consecutive in the optimizer's order (the reverse of which is
+the order backward produces them for most models), of one group, dtype and device, holding at
+most ``fusion_bytes`` together; a larger parameter is a bucket alone.
 The bucket's gradients are copied into one flat buffer, which the Core partitions and orders like
 any tensor, and copied back once it is reduced: the per-element arithmetic is that of the
 unfused all-reduce.
@@ -114,9 +114,9 @@ def merge_buckets(buckets: Sequence[Bucket], fusion_bytes: float) -> list[Bucket
     """``buckets`` merged into runs of consecutive buckets of one kind (group, dtype, device),
     each closed once it holds ``fusion_bytes`` (DDP's rule, :func:`bytesched.core.filled_runs`);
     the first bucket stays alone (in most models the first layers', which backward produces last): what is
-    all-reduced after backward ended stays as small as before, while the others merge (on 2
-    emulated ranks over torch.distributed ResNet50 ran 0.98x DDP with its first 871 KB merged
-    into 6 MB, 1.05x with them kept). The members keep their order, and the first bucket is the
+    all-reduced after backward ended stays as small as before, while the others merge (measured:
+    docs/experiments/per-tensor-cost.md, "Figures behind the PyTorch plugin's rules"). The
+    members keep their order, and the first bucket is the
     same on every rank (rank 0's layout), so every rank merges alike."""
     first, rest = buckets[0], buckets[1:]
     runs = filled_runs([sum(_nbytes(slot) for slot in bucket.slots) for bucket in rest], fusion_bytes,
@@ -126,8 +126,8 @@ def merge_buckets(buckets: Sequence[Bucket], fusion_bytes: float) -> list[Bucket
 
 def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """The gradients' elements in one contiguous buffer: flat for several, and for a lone
-    gradient the gradient's own memory in its own shape (nothing copied; a flat view would cost
-    2.3 us per gradient, and the buffer is flattened only where it is split into partitions).
+    gradient the gradient's own memory in its own shape (nothing copied, not even a flat view;
+    the buffer is flattened only where it is split into partitions).
 
     The buffer never shares a version counter with a gradient, so what the backend writes into it
     (Gloo's CUDA path copies the reduced result back, bumping the counter) leaves the gradients'
@@ -143,8 +143,8 @@ def pack(grads: Sequence[torch.Tensor]) -> torch.Tensor:
 def unpack(reduced: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
     """Write each gradient's share of ``reduced`` back into it, unless it is that memory (a lone
     gradient :func:`pack` did not copy). Several gradients are split and copied by two calls into
-    torch's C++ rather than a Python step each: 2.8 us per gradient instead of 6.5 (188 gradients of
-    a 64-wide MLP on the 2-core development VM; :func:`pack`'s flatten, 1.2 us instead of 3.3)."""
+    torch's C++ rather than a Python step each, which costs under half as much per gradient
+    (figures: docs/experiments/per-tensor-cost.md, "Figures behind the PyTorch plugin's rules")."""
     if len(grads) == 1:
         grad = grads[0]
         if reduced.data_ptr() != grad.data_ptr():

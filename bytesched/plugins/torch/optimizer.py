@@ -613,12 +613,9 @@ def _stay_out_bound(config: Config, device: torch.device, backend: Backend, mode
     set one (None: they stay as they are): on a GPU, and wherever passing through all-reduces
     bytesched's buckets (torch.distributed), ``BYTESCHED_STAY_OUT_FUSION_BYTES``
     (:func:`bytesched.runtime.plan.stay_out_fusion`). On a GPU bytesched's work per task
-    competes with the training thread's kernel launches, and fewer tasks were measured to pay.
-    Over torch.distributed each bucket is one collective, whose cost in Gloo's threads fewer
-    buckets save: on 4 emulated CPU ranks at 2.5-10 Gbit/s, passing through in 1 MB buckets cost
-    rank 0 1.13x-1.47x of DDP's CPU per step, in a quarter of the model each 0.91x-1.06x, at the
-    same speed. On the CPU over Horovod, which fuses by itself, the bound shapes only the Core's
-    path, whose 1 MB tasks the path trial kept in 27 of 28 runs there (1.05x-1.25x)."""
+    competes with the training thread's kernel launches; over torch.distributed each bucket is
+    one Gloo collective, whose CPU fewer buckets save; over Horovod on the CPU, which fuses by
+    itself, the path trial kept the Core's 1 MB tasks. Figures: docs/plan.md, "2 on"."""
     if config.fusion_fixed or (device.type != "cuda" and backend.fuses_by_itself):
         return None
     return stay_out_fusion(model_bytes, config.fusion_bytes, config.stay_out_fusion_bytes)
@@ -626,12 +623,10 @@ def _stay_out_bound(config: Config, device: torch.device, backend: Backend, mode
 
 def _weighs_fusion(device: torch.device) -> bool:
     """A plan that stays out fuses the buckets only where the simulator predicts the observed step
-    no slower in the fused ones (:func:`bytesched.sim.plan.fusion_pays`): on the CPU. There larger
-    buckets save Gloo's CPU per collective but start communicating later: on 4 emulated ranks over
-    torch.distributed at 1 Gbit/s the Transformer ran at 0.90x-0.95x of DDP in a quarter of the
-    model per bucket, 0.99x-1.01x in 1 MB ones. On a GPU, always: there bytesched's work per task
-    competes with the training thread's kernel launches, which the simulator does not model, and
-    ResNet50 ran at 0.95x of DDP fused against 0.76x in 1 MB tasks."""
+    no slower in the fused ones (:func:`bytesched.sim.plan.fusion_pays`): on the CPU, where larger
+    buckets save Gloo's CPU per collective but start communicating later. On a GPU, always: there
+    bytesched's work per task competes with the training thread's kernel launches, which the
+    simulator does not model. Figures: docs/plan.md, "2 on"."""
     return device.type != "cuda"
 
 
@@ -639,12 +634,9 @@ def _measures_paths(config: Config) -> bool:
     """A plan that stays out times the Core's path against the library's own before it keeps one
     (:mod:`bytesched.runtime.path_trial`) unless the job asked to predict: neither path won
     everywhere it was measured, and the simulator models neither bytesched's work per gradient
-    nor how the framework's own wait for its all-reduces spends the CPU. On 2 ranks sharing an
-    H200 over Gloo, VGG16 ran 1.00x DDP through the Core and 0.93x passing through, ResNet50 and
-    the Transformer 0.97x-0.98x and 1.02x-1.05x; on 4 emulated CPU ranks over Horovod at
-    2.5-10 Gbit/s, where plain Horovod's wait spins beside the other ranks on the same cores,
-    measuring ran 1.02x-1.24x plain Horovod against 0.91x-1.03x passing through as predicted
-    (docs/experiments/gpu.md, docs/experiments/pytorch-stay-out.md)."""
+    nor how the framework's own wait for its all-reduces spends the CPU (figures:
+    docs/plugins/torch.md, "When the plan stays out"; docs/experiments/gpu.md,
+    docs/experiments/pytorch-stay-out.md)."""
     return config.stay_out_path != "predict"
 
 
@@ -652,9 +644,9 @@ def _pass_through_margin(config: Config, device: torch.device) -> float:
     """How much the best sized plan must be predicted to gain for a plan that stays out to stay
     on bytesched's path without passing through, or, measuring, without timing both paths:
     measuring, never (the trial decides); predicting on a GPU, never: there staying out through
-    the Core did not win back its work per gradient on ResNet50 and the Transformer even where
-    sizes were predicted to gain 9-14 %. Predicting where the CPU also computes, the Core's
-    crossing of the barrier was measured to pay (:data:`~bytesched.sim.plan.PASS_THROUGH_MARGIN`)."""
+    the Core did not win back its work per gradient even where sizes were predicted to gain.
+    Predicting where the CPU also computes, the Core's crossing of the barrier was measured to pay
+    (:data:`~bytesched.sim.plan.PASS_THROUGH_MARGIN`; figures: docs/experiments/gpu.md)."""
     return math.inf if device.type == "cuda" or _measures_paths(config) else PASS_THROUGH_MARGIN
 
 

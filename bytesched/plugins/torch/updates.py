@@ -13,12 +13,11 @@ view of it that holds only the parameters whose gradients are ready, so every pe
   disturbing the update;
 - the parameters' optimizer state is moved to the stand-ins for the duration of the call and back.
 
-Several parameters go through one call when their gradients are ready together: one ``step()``
-over 188 parameters took 7.9 ms where 188 one-parameter calls took 20.1 ms (the call's own
-Python overhead, paid per call). That overhead is mostly torch's wrapper around every ``step``
-(a profiler record and the step hooks): when no step hook is registered and the profiler is off
-the wrapper has nothing to do, and the call goes to the step it wraps (one-parameter calls of
-SGD: 15-20 us instead of 32-44 us, 64-wide MLP on the 2-core development VM).
+Several parameters go through one call when their gradients are ready together, since each call
+pays its own Python overhead. That overhead is mostly torch's wrapper around every ``step`` (a
+profiler record and the step hooks): when no step hook is registered and the profiler is off the
+wrapper has nothing to do, and the call goes to the step it wraps (figures:
+docs/experiments/per-tensor-cost.md, "Figures behind the PyTorch plugin's rules").
 """
 
 from __future__ import annotations
