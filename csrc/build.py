@@ -71,34 +71,30 @@ class BuildError(RuntimeError):
     """A prerequisite is missing or the compiler failed; the message says which."""
 
 
-def mxnet_dir() -> Path:
-    """The installed mxnet package directory (found without importing mxnet)."""
-    spec = importlib.util.find_spec("mxnet")
+def package_dir(name: str, version: str, needed: tuple[str, ...]) -> Path:
+    """The installed ``name`` package's directory (found without importing it, which costs
+    seconds), holding every path in ``needed``; else :class:`BuildError` naming what to install."""
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
-        raise BuildError(f"mxnet is not installed for {sys.executable}: install mxnet==1.9.1 "
+        raise BuildError(f"{name} is not installed for {sys.executable}: install {name}=={version} "
                          "(scripts/setup.sh does)")
     package = Path(spec.origin).parent
-    header = package / "include" / "mxnet" / "c_api.h"
-    library = package / "libmxnet.so"
-    for needed in (header, library):
-        if not needed.exists():
-            raise BuildError(f"{needed} is missing: the mxnet wheel should ship it "
-                             "(reinstall mxnet==1.9.1)")
+    for path in needed:
+        if not (package / path).exists():
+            raise BuildError(f"{package / path} is missing: the {name} wheel should ship it "
+                             f"(reinstall {name}=={version})")
     return package
+
+
+def mxnet_dir() -> Path:
+    """The installed mxnet package directory, with its headers and libmxnet.so."""
+    return package_dir("mxnet", "1.9.1", ("include/mxnet/c_api.h", "libmxnet.so"))
 
 
 def torch_dir() -> Path:
-    """The installed torch package directory (found without importing torch)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or spec.origin is None:
-        raise BuildError(f"torch is not installed for {sys.executable}: install torch==2.13.0 "
-                         "(scripts/setup.sh does)")
-    package = Path(spec.origin).parent
-    for needed in (package / "include" / "torch" / "csrc" / "distributed" / "c10d" / "ProcessGroup.hpp",
-                   package / "include" / "pybind11" / "pybind11.h", package / "lib" / "libtorch_python.so"):
-        if not needed.exists():
-            raise BuildError(f"{needed} is missing: the torch wheel should ship it (reinstall torch==2.13.0)")
-    return package
+    """The installed torch package directory, with the headers and libraries an extension needs."""
+    return package_dir("torch", "2.13.0", ("include/torch/csrc/distributed/c10d/ProcessGroup.hpp",
+                                           "include/pybind11/pybind11.h", "lib/libtorch_python.so"))
 
 
 def compiler() -> str:

@@ -104,15 +104,16 @@ class FifoPolicy : public Policy {
   std::deque<Start> queue_;
 };
 
-// ImmediatePolicy: fifo, partitioned like the leader.
-class ImmediatePolicy : public FifoPolicy {
+// A follower's policy on ``Base``: partitions like its leader, whose sizes it sets too, and never
+// batches (it starts what rank 0 started, or what its own order says, one by one).
+template <class Base>
+class Following : public Base {
  public:
-  explicit ImmediatePolicy(std::shared_ptr<Policy> leader) : FifoPolicy(leader->params), leader_(leader) {}
-  const char* name() const override { return "immediate"; }
+  explicit Following(std::shared_ptr<Policy> leader) : Base(leader->params), leader_(std::move(leader)) {}
   bool batches() const override { return false; }
   double partition_bytes() const override { return leader_->partition_bytes(); }
   void set_params(const Params& p) override {
-    params = p;
+    this->params = p;
     leader_->set_params(p);
   }
   std::shared_ptr<Policy> leader() override { return leader_; }
@@ -121,19 +122,19 @@ class ImmediatePolicy : public FifoPolicy {
   std::shared_ptr<Policy> leader_;
 };
 
+// ImmediatePolicy: fifo, partitioned like the leader.
+class ImmediatePolicy : public Following<FifoPolicy> {
+ public:
+  using Following::Following;
+  const char* name() const override { return "immediate"; }
+};
+
 // FollowOrderPolicy: rank 0's announced operations in order, each once every sub-task of it is
 // ready here (a batch of rank 0's starts as one here too).
-class FollowPolicy : public Policy {
+class FollowPolicy : public Following<Policy> {
  public:
-  explicit FollowPolicy(std::shared_ptr<Policy> leader) : Policy(leader->params), leader_(leader) {}
+  using Following::Following;
   const char* name() const override { return "rank0-follower"; }
-  bool batches() const override { return false; }
-  double partition_bytes() const override { return leader_->partition_bytes(); }
-  void set_params(const Params& p) override {
-    params = p;
-    leader_->set_params(p);
-  }
-  std::shared_ptr<Policy> leader() override { return leader_; }
   void announce(const std::vector<Key>& keys, const std::vector<bool>& joins) {
     for (size_t i = 0; i < keys.size(); ++i) {
       if (joins[i] && !sizes_.empty()) ++sizes_.back();
@@ -180,30 +181,22 @@ class FollowPolicy : public Policy {
     return true;
   }
 
-  std::shared_ptr<Policy> leader_;
   std::deque<Key> order_;
   std::deque<int64_t> sizes_;  // the announced operations' sub-task counts, in order
   std::unordered_map<Key, Start, KeyHash> ready_;
 };
 
 // SequencePolicy: whole tasks in one fixed cycle of names.
-class SequencePolicy : public Policy {
+class SequencePolicy : public Following<Policy> {
  public:
   SequencePolicy(std::shared_ptr<Policy> leader, std::vector<std::string> names)
-      : Policy(leader->params), leader_(leader), names_(std::move(names)) {
+      : Following(std::move(leader)), names_(std::move(names)) {
     std::unordered_set<std::string> distinct(names_.begin(), names_.end());
     if (names_.empty() || distinct.size() != names_.size())
       throw std::invalid_argument("a sequence needs distinct task names");
     for (const std::string& n : names_) ready_[n];
   }
   const char* name() const override { return "sequence"; }
-  bool batches() const override { return false; }
-  double partition_bytes() const override { return leader_->partition_bytes(); }
-  void set_params(const Params& p) override {
-    params = p;
-    leader_->set_params(p);
-  }
-  std::shared_ptr<Policy> leader() override { return leader_; }
   void push(Task& task) override {
     auto found = ready_.find(task.name);
     if (found == ready_.end())
@@ -226,7 +219,6 @@ class SequencePolicy : public Policy {
   }
 
  private:
-  std::shared_ptr<Policy> leader_;
   std::vector<std::string> names_;
   size_t next_ = 0;
   std::unordered_map<std::string, std::deque<Start>> ready_;

@@ -124,6 +124,18 @@ def drain(core: NativeCore, tasks: list[WireTask]) -> None:
         done.add(id(jobs.get()))
 
 
+def reduced_in_random_order(core: NativeCore, tasks: list[WireTask], seed: int) -> list[torch.Tensor]:
+    """Every task made ready on ``core`` in a random order (``seed``), all of them reduced
+    without an error: their buffers."""
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    for i in order:
+        core.enqueue(tasks[i], ready=True)
+    drain(core, tasks)
+    assert all(not task.errors for task in tasks)
+    return [task.wire for task in tasks]
+
+
 def test_followers_start_rank_0s_order_and_every_sum_is_exact(groups: list[dist.ProcessGroup]) -> None:
     """40 tensors of 1 to 300 elements, made ready in another random order on each rank, cut in
     12-byte pieces under a 40-byte credit: were the follower's collectives not rank 0's, Gloo
@@ -134,13 +146,7 @@ def test_followers_start_rank_0s_order_and_every_sum_is_exact(groups: list[dist.
     def train(rank: int) -> list[torch.Tensor]:
         tasks = [WireTask(f"t{i}", priority=i % 5, wire=torch.arange(n, dtype=torch.float32) * (rank + 1))
                  for i, n in enumerate(sizes)]
-        order = list(range(len(tasks)))
-        random.Random(rank).shuffle(order)
-        for i in order:
-            cores[rank].enqueue(tasks[i], ready=True)
-        drain(cores[rank], tasks)
-        assert all(not task.errors for task in tasks)
-        return [task.wire for task in tasks]
+        return reduced_in_random_order(cores[rank], tasks, seed=rank)
     try:
         results = on_ranks(2, train)
     finally:
@@ -160,13 +166,7 @@ def test_batches_while_busy_are_rank_0s_on_every_rank_and_sum_exactly(groups: li
     def train(rank: int) -> list[torch.Tensor]:
         tasks = [WireTask(f"t{i}", priority=i, wire=(torch.arange(n) * (rank + 1)).to(
             torch.float64 if i % 7 == 0 else torch.float32)) for i, n in enumerate(sizes)]
-        order = list(range(len(tasks)))
-        random.Random(rank + 10).shuffle(order)
-        for i in order:
-            cores[rank].enqueue(tasks[i], ready=True)
-        drain(cores[rank], tasks)
-        assert all(not task.errors for task in tasks)
-        return [task.wire for task in tasks]
+        return reduced_in_random_order(cores[rank], tasks, seed=rank + 10)
     try:
         results = on_ranks(2, train)
         started = [core.started() for core in cores]

@@ -51,6 +51,18 @@ IDLE_POLL_S = 0.001
 """How often :meth:`Core.wait_idle` asks the Core thread whether it is idle."""
 
 
+
+def enqueue_refusal(task: CommTask, failure: BaseException | None, accepting: bool) -> RuntimeError:
+    """Why a Core refuses ``task``: it failed (``failure``), was shut down (not ``accepting``) or
+    was never started."""
+    if failure is not None:
+        error = RuntimeError(f"bytesched Core failed earlier: {failure}")
+        error.__cause__ = failure
+        return error
+    if not accepting:
+        return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was shut down")
+    return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was not started (Core.start())")
+
 class CoreShutdownError(RuntimeError):
     """The Core stopped before this task's communication finished."""
 
@@ -401,14 +413,7 @@ class Core:
             return "unknown (the bytesched Core did not answer)"
 
     def _refusal(self, task: CommTask) -> RuntimeError:
-        """Why ``task`` cannot be enqueued (the Core failed, was shut down or never started)."""
-        if self.failure is not None:
-            error = RuntimeError(f"bytesched Core failed earlier: {self.failure}")
-            error.__cause__ = self.failure
-            return error
-        if not self._accepting:
-            return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was shut down")
-        return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was not started (Core.start())")
+        return enqueue_refusal(task, self.failure, self._accepting)
 
     # -- the scheduler thread -----------------------------------------------------------------
     def _run(self) -> None:

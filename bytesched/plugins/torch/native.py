@@ -42,7 +42,7 @@ import torch
 
 from bytesched.core import CommTask, Config, Core, SchedulingParams, SubTask
 from bytesched.core.config import NATIVE_POLICIES, ConfigError
-from bytesched.core.core import CoreShutdownError, TimelineSink, exit_later
+from bytesched.core.core import CoreShutdownError, TimelineSink, enqueue_refusal, exit_later
 from bytesched.core.policies import FollowOrderPolicy, Policy, make_policy
 from bytesched.core.stall_check import StallCheck, describe
 
@@ -350,13 +350,7 @@ class NativeCore:
         return "no communication (nothing in flight)"
 
     def _refusal(self, task: CommTask) -> RuntimeError:
-        if self.failure is not None:
-            error = RuntimeError(f"bytesched Core failed earlier: {self.failure}")
-            error.__cause__ = self.failure
-            return error
-        if not self._accepting:
-            return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was shut down")
-        return RuntimeError(f"cannot enqueue {task!r}: the bytesched Core was not started (Core.start())")
+        return enqueue_refusal(task, self.failure, self._accepting)
 
     # -- completions, on an update thread -----------------------------------------------------
     def _deliver(self, completions: list[tuple[int, bool, str | None, int, float, Any]]) -> None:
