@@ -1,7 +1,7 @@
 """The plan: the scheduling a job gets with no settings, chosen by simulating its own profile.
 
 Fixed sizes cannot suit every job: 4 MB partitions under a 16 MB credit lose to doing nothing on a
-16-worker parameter server at 10 Gbps (the simulator predicts 0.31x) and win on a slow network.
+fast network with many servers and win on a slow one (docs/plan.md).
 So the plan simulates the job (its layers' compute times and gradient sizes on its cluster) under
 every candidate and keeps the fastest:
 
@@ -46,36 +46,24 @@ STAY_OUT = SchedulingParams(partition_bytes=UNLIMITED, credit_bytes=UNLIMITED)
 """No partitions and no credit limit: every gradient goes whole the moment it is ready."""
 PASS_THROUGH_MARGIN = 0.02
 """The predicted gain of the best sized candidate over staying out below which a plan that stays
-out passes through. On 2 emulated CPU ranks over torch.distributed at 1 Gbit/s (where the
-simulator's ideal is 1.11x-1.18x but the plan keeps out of rank 0's order for less than 1.25x),
-staying out through the Core ran VGG16 at 1.11x-1.14x and ResNet50 at 1.08x of DDP, passing
-through at 1.01x and 1.05x; at 2.5-10 Gbit/s, where the ideal is 0.99x-1.00x, passing through
-ran at 1.00x-1.04x of DDP."""
+out passes through: below it, staying on the Core's path did not win back its cost per gradient
+(docs/plan.md, "Figures behind the plan's margins")."""
 FUSION_MARGIN = 0.01
 """How much slower (a fraction of staying out's iteration time) a plan that stays out may be
 predicted to run in fused tasks than in the observed ones and still fuse (:func:`fusion_pays`).
 Fewer tasks save each collective's CPU, which the simulator does not model; larger ones start
-communicating later, which it does. On 4 emulated CPU ranks over torch.distributed, tasks of a
-quarter of the model ran at DDP's speed with less CPU at 2.5-10 Gbit/s, and the Transformer at
-1 Gbit/s, where communication lasts about as long as the backward pass, at 0.90x-0.95x where its
-1 MB tasks had run at 0.99x-1.01x (docs/experiments/torch-distributed.md)."""
+communicating later, which it does (docs/experiments/torch-distributed.md)."""
 FINE_PARTITIONS = (250_000, 500_000)
 """The partitions below a megabyte a parameter server's plan also weighs, each at every credit of
 :data:`FINE_CREDITS`. A server holds each partition's key, so finer partitions spread a worker's
-pushes over more servers' links, and a push preempts sooner. On the emulated parameter server with
-4 workers at 0.5 Gbit/s (24 MB of gradients), plans on them ran ResNet50, VGG16 and the
-Transformer at 1.40x, 1.63x and 1.59x the plain store, where megabyte plans ran 1.20x, 1.17x and
-1.36x side by side; at 1 Gbit/s ResNet50 gained 2-7 % and the Transformer lost 10 %
-(docs/experiments/finer-partitions.md). On all-reduce the simulator
-predicted at most 4 % more from them on the emulated cells, where every piece is a collective
-whose CPU (Horovod's cycle, Gloo's threads) it models only in part: they are not weighed there."""
+pushes over more servers' links, and a push preempts sooner; on slow networks they ran faster
+than megabyte plans (docs/experiments/finer-partitions.md). Not weighed on all-reduce, where every
+piece is a collective whose CPU the simulator models only in part, and where it predicted little
+from them."""
 FINE_CREDITS = (4_000_000, 8_000_000)
 """The credits of :data:`FINE_PARTITIONS`, in bytes: a sub-megabyte partition's best credit was a
 few megabytes, where credits of 1-8 partitions stop at 2-4 MB. Credits of 1 and 2 MB are left out:
-on the emulated 4-worker parameter server at 1 Gbit/s, plans with a 2 MB credit ran the
-Transformer at 1.08x-1.12x the plain store and VGG16 at 1.51x, with 4-8 MB at 1.10x and 1.37x
-(separate runs, whose rounds overlap): no clear difference, and without them the plan's search of
-the 188-gradient Transformer on 4 workers took 0.56-0.58 s instead of 0.71-0.84 s."""
+they made no clear difference and lengthened the search (docs/experiments/finer-partitions.md)."""
 FINE_PIECES_MAX = 256
 """A partition of :data:`FINE_PARTITIONS` is weighed only where it cuts the model's gradients into
 at most this many pieces: each piece is a simulated event per worker, so the search stays well under

@@ -8,10 +8,9 @@ delays everybody's pull of that key, and only of that key.
 Costs: a message first pays the per-message overhead θ on its connection (serialisation, the
 RPC), then moves its bytes, then arrives one ``latency`` later. The latency is pipelined: it
 delays the message, not the connection. On the emulated network bytesched's PS path has such a
-delay (the follower's wait for rank 0's order, ps-lite's and the engine's hand-offs): with a
-credit of four 256 KB partitions the emulated VGG16 ran at 1.33x where the simulator, without
-it, predicted 1.70x, while 4 MB / 16 MB and 512 KB / 2 MB were predicted within 5 %. The
-benchmark fits it from a probe at 256 KB / 1 MB (2.2 and 2.9 ms there; docs/benchmarks.md).
+delay (the follower's wait for rank 0's order, ps-lite's and the engine's hand-offs), which
+matters at fine partitions under a small credit; the benchmark fits it from a probe at
+256 KB / 1 MB (docs/plan.md, "Figures behind the plan's margins").
 
 Placement: the plain store's whole tensors go where MXNet puts a key (:class:`Assignment`);
 bytesched's partitions go where the MXNet plugin puts them (:func:`plugin_layout`).
