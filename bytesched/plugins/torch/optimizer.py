@@ -39,12 +39,14 @@ from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import PASS_THROUGH_MARGIN, STAY_OUT
 from bytesched.tuning import TuningSession, make_session
 
-from .backend import Backend, make_backend
+from .backend import Backend
+from .backends import make_backend
 from .consistency import check_same_parameters, make_check
 from .fusion import agree_on_buckets
 from .passthrough import PassThrough
-from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
+from .pipeline import UpdatePipeline
 from .proxies import ForwardProxies
+from .slots import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot
 from .timeline import StepTimeline
 from .trace import ForwardTrace
 from .updates import PartialStep, hyperparameters

@@ -30,7 +30,7 @@ import torch
 from bytesched.runtime.stall_watch import StallWatch
 
 from .fusion import backward_order, pack
-from .pipeline import ZERO_GRAD_IN_FLIGHT, ParamSlot, clear_grad, computed_again, dense_grad, modified_while_reducing
+from .slots import ZERO_GRAD_IN_FLIGHT, ParamSlot, clear_grad, computed_again, dense_grad, modified_while_reducing
 
 if TYPE_CHECKING:
     from .distributed import DistributedBackend
