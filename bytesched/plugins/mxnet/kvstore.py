@@ -4,7 +4,7 @@
     trainer = gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
 
 Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
-sub-tasks are the key's partitions, each stored under its own server key (see :mod:`bytesched.core.ps_layout`).
+sub-tasks are the key's partitions, each stored under its own server key (see :mod:`bytesched.ps_layout`).
 The call returns at once, as MXNet's does, having posted into MXNet's engine the wrapped store's
 own push, pull or pushpull of every partition, on avatars, between Dependency Proxies
 (:mod:`.task`). Partitions of one tensor move independently, so the answer to one overlaps the
@@ -139,7 +139,7 @@ from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session
 
 from bytesched.core.forward import forward_order
-from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
+from bytesched.ps_layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import ProxyLibrary, StoreCall, events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
 from .task import Arrays, Avatars, FencedAvatars, ProxiedTask, Views, unique_arrays
