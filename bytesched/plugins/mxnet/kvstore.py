@@ -68,7 +68,7 @@ the new size with the values the workers last pulled (a collective MXNet init), 
 the optimizer wrapper, which carries optimizer states over on the servers
 (:mod:`.server_optimizer`). No checkpoint, no restart.
 
-Start-up plan (no ``BYTESCHED_*_BYTES`` set, ``dist_sync``; :mod:`bytesched.runtime.plan`). The
+Start-up plan (no ``BYTESCHED_*_BYTES`` set, ``dist_sync``; :mod:`bytesched.runtime.startup_plan`). The
 keys are laid out whole, and until step 2 every worker's Core starts a key the moment it is
 ready, announcing nothing (:meth:`~bytesched.core.Core.start_on_ready`): with nothing held back
 the servers need no common order (see "Cross-worker order"), and the ready proxies release
@@ -130,10 +130,10 @@ from bytesched.runtime import channel_of, on_channel_failure, start_core, track,
 from bytesched.runtime.channel_ranks import ChannelRanks
 from bytesched.runtime.forward_order import announce, order_by_graph
 from bytesched.runtime.path_trial import TrialOutcome
-from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
+from bytesched.runtime.startup_plan import PlanOutcome, StartupPlan, wants_plan
 from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
+from bytesched.runtime.tuning_warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import make_session

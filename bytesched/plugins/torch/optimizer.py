@@ -29,12 +29,12 @@ from bytesched.core.forward import ForwardRecorder
 from bytesched.core.timeline import ChromeTimeline
 from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
 from bytesched.runtime.forward_order import announce, order_by_graph
-from bytesched.runtime.plan import PlanOutcome, StartupPlan, stay_out_fusion, wants_plan
+from bytesched.runtime.startup_plan import PlanOutcome, StartupPlan, stay_out_fusion, wants_plan
 from bytesched.runtime.path_trial import TrialOutcome
 from bytesched.runtime.plan_trial import wants_trial
 from bytesched.runtime.stall_watch import StallWatch
 from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
+from bytesched.runtime.tuning_warm_start import TuningWarmStart, wants_warm_start
 from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import PASS_THROUGH_MARGIN, STAY_OUT
 from bytesched.tuning import TuningSession, make_session
@@ -614,7 +614,7 @@ def _stay_out_bound(config: Config, device: torch.device, backend: Backend, mode
     """The fusion bound this optimizer's buckets take where it stays out of the way, unless the job
     set one (None: they stay as they are): on a GPU, and wherever passing through all-reduces
     bytesched's buckets (torch.distributed), ``BYTESCHED_STAY_OUT_FUSION_BYTES``
-    (:func:`bytesched.runtime.plan.stay_out_fusion`). On a GPU bytesched's work per task
+    (:func:`bytesched.runtime.startup_plan.stay_out_fusion`). On a GPU bytesched's work per task
     competes with the training thread's kernel launches; over torch.distributed each bucket is
     one Gloo collective, whose CPU fewer buckets save; over Horovod on the CPU, which fuses by
     itself, the path trial kept the Core's 1 MB tasks. Figures: docs/plan.md, "2 on"."""
