@@ -44,8 +44,7 @@ from torch import nn
 from bytesched.core import SchedulingParams, from_env, shutdown
 from bytesched.launch.ports import free_port
 from bytesched.plugins.torch import ScheduledOptimizer
-from bytesched.runtime.path_trial import TRIAL_STEPS
-from bytesched.runtime.sizes import step_until_settled
+from bytesched.runtime import TRIAL_STEPS, step_until_settled
 
 from .model_names import CHECK_MODELS
 from .models import BUILDERS

@@ -61,15 +61,9 @@ from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.core.forward import ForwardPass, forward_order
-from bytesched.runtime import channel_of, start_core
-from bytesched.runtime.forward_order import announce, order_by_graph
-from bytesched.runtime.path_trial import TrialOutcome
-from bytesched.runtime.startup_plan import PlanOutcome, StartupPlan, wants_plan
-from bytesched.runtime.plan_trial import wants_trial
-from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.tuning_warm_start import TuningWarmStart, wants_warm_start
-from bytesched.runtime.sizes import SizeSwitches
-from bytesched.sim.plan import STAY_OUT
+from bytesched.runtime import (STAY_OUT, Observer, PlanOutcome, SizeSwitches, StartupPlan, TrialOutcome,
+                               TuningWarmStart, announce, channel_of, order_by_graph, start_core, wants_plan,
+                               wants_trial, wants_warm_start)
 from bytesched.tuning import make_session
 
 from .fusion import Bucket, task_name

@@ -126,16 +126,9 @@ from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, from_env
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
-from bytesched.runtime import channel_of, on_channel_failure, start_core, track, untrack
-from bytesched.runtime.channel_ranks import ChannelRanks
-from bytesched.runtime.forward_order import announce, order_by_graph
-from bytesched.runtime.path_trial import TrialOutcome
-from bytesched.runtime.startup_plan import PlanOutcome, StartupPlan, wants_plan
-from bytesched.runtime.plan_trial import wants_trial
-from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.tuning_warm_start import TuningWarmStart, wants_warm_start
-from bytesched.runtime.sizes import SizeSwitches
-from bytesched.sim.plan import STAY_OUT
+from bytesched.runtime import (STAY_OUT, ChannelRanks, Observer, PlanOutcome, SizeSwitches, StartupPlan, TrialOutcome,
+                               TuningWarmStart, announce, channel_of, on_channel_failure, order_by_graph, start_core,
+                               track, untrack, wants_plan, wants_trial, wants_warm_start)
 from bytesched.tuning import make_session
 
 from bytesched.core.forward import forward_order

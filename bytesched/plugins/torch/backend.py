@@ -19,7 +19,7 @@ from bytesched.core.core import Completions
 from bytesched.core.task import Batcher
 
 if TYPE_CHECKING:
-    from bytesched.runtime.stall_watch import StallWatch
+    from bytesched.runtime import StallWatch
 
     from .fusion import Bucket
     from .passthrough import PassThrough

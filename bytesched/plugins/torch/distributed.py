@@ -24,7 +24,7 @@ from .passthrough import BucketPassThrough, PassThrough
 from .task import GradientBatcher
 
 if TYPE_CHECKING:
-    from bytesched.runtime.stall_watch import StallWatch
+    from bytesched.runtime import StallWatch
 
     from .fusion import Bucket
     from .slots import ParamSlot

@@ -23,7 +23,7 @@ from .fusion import unpack
 from .passthrough import HorovodPassThrough, PassThrough
 
 if TYPE_CHECKING:
-    from bytesched.runtime.stall_watch import StallWatch
+    from bytesched.runtime import StallWatch
 
     from .fusion import Bucket
     from .slots import ParamSlot
