@@ -36,7 +36,7 @@ import numpy as np
 from bytesched.core.config import format_size
 from bytesched.tuning.search import MIN_GAIN, MIN_TRIALS, XI, BayesianSearch
 from bytesched.tuning.space import Point, SearchSpace, space_for
-from bytesched.tuning.warmstart import GRID_STRIDE, best_points, predicted_throughput
+from bytesched.tuning.predicted_points import GRID_STRIDE, best_points, predicted_throughput
 
 from . import REPO
 from .docs_section import replace_section

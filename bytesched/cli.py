@@ -13,9 +13,9 @@ import sys
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "bytesched.sim.simulate_command",
-    "bytesched.sim.profile_command",
+    "bytesched.tools.profile_command",
     "bytesched.doctor",
-    "bytesched.check_gpu",
+    "bytesched.tools.check_gpu",
     "bytesched.launch.cli",
     "bytesched.analysis.timeline_command",
 )

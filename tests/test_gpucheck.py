@@ -18,7 +18,7 @@ import pytest
 
 from conftest import run_job
 
-CHECK = [sys.executable, "-m", "bytesched.plugins.torch.gpucheck"]
+CHECK = [sys.executable, "-m", "bytesched.tools.check_gpu"]
 PLAN = r"(no partitioning, no credit limit|\S+ partitions, \S+ credit)(, .*)?"
 """What a start-up plan's description looks like."""
 

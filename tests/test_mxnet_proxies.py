@@ -24,7 +24,7 @@ proxies = require("bytesched.plugins.mxnet.proxies", "the MXNet Dependency Proxy
 from bytesched import core as bcore  # noqa: E402 - once mxnet is known here
 from bytesched.core import SchedulingParams  # noqa: E402 - once mxnet is known here
 from bytesched.plugins.mxnet import ScheduledKVStore  # noqa: E402 - once mxnet is known here
-from bytesched.core.ps_layout import ServerKeyTable, mxnet_server_of  # noqa: E402 - once mxnet is known here
+from bytesched.ps_layout import ServerKeyTable, mxnet_server_of  # noqa: E402 - once mxnet is known here
 from bytesched.plugins.mxnet.fusion import Bucket  # noqa: E402 - once mxnet is known here
 from bytesched.plugins.mxnet.task import Avatars  # noqa: E402 - once mxnet is known here
 

@@ -8,7 +8,7 @@ import pytest
 from bytesched.core import SchedulingParams
 from bytesched.core.channel import ChannelError
 from bytesched.runtime.path_trial import CORE_MARGIN, TRIAL_STEPS, PathTrial
-from bytesched.runtime.plan import PlanOutcome
+from bytesched.runtime.startup_plan import PlanOutcome
 from bytesched.runtime.plan_trial import PlanTrial
 from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT

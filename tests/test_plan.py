@@ -17,12 +17,12 @@ import pytest
 
 from bytesched.core import Config, ConfigError, SchedulingParams, from_env
 from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED, format_size
-import bytesched.runtime.plan as plan_module
+import bytesched.runtime.startup_plan as plan_module
 import bytesched.runtime.start_observer as observer_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
 from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecorder, measured_profile
 from bytesched.runtime.start_observer import CALIBRATION_ATTEMPTS
-from bytesched.runtime.plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
+from bytesched.runtime.startup_plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
                                     stay_out_fusion, wants_plan)
 from bytesched.sim import make_cluster, run
 from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS,
@@ -515,7 +515,7 @@ def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
     simulator does not model, an untried sized plan must be predicted 25 % faster than staying
     out, a tried one 5 % (the trial keeps it only if it ran faster); on a parameter server, whose
     pushes wait for every worker anyway, 5 %."""
-    import bytesched.runtime.plan as plan_module
+    import bytesched.runtime.startup_plan as plan_module
 
     margins: list[float] = []
     monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through: margins.append(margin) or

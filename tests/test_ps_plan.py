@@ -17,7 +17,7 @@ from bytesched.core.channel import ChannelError
 from bytesched.launch.ports import free_port
 from bytesched.runtime.calibration import NetworkCost
 from bytesched.runtime.channel_ranks import ChannelRanks
-from bytesched.runtime.plan import StartupPlan
+from bytesched.runtime.startup_plan import StartupPlan
 from coretools import BufferTask
 from test_channel import connected, make_config, wait_until
 from test_plan import BroadcastingRanks, RecordingCore, _observed_step, _timed, calibration_on_the_fake_clock  # noqa: F401 (an autouse fixture: the calibration runs on the fake clock)
@@ -85,7 +85,7 @@ def test_a_plan_whose_ranks_cannot_agree_stops_instead_of_staying_out() -> None:
 
 
 def test_a_ps_plan_simulates_the_jobs_servers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import bytesched.runtime.plan as plan_module
+    import bytesched.runtime.startup_plan as plan_module
 
     clusters: list[Any] = []
     real = plan_module.make_plan

@@ -18,8 +18,8 @@ from torch import nn  # noqa: E402 - once torch is known here
 
 from bytesched.cli import main as cli  # noqa: E402 - once torch is known here
 from bytesched.sim.devices import get_device  # noqa: E402 - once torch is known here
-from bytesched.sim.models import BUILDERS  # noqa: E402 - once torch is known here
-from bytesched.sim.profiler import _trace, find_layers, flops_profile, measure_profile  # noqa: E402 - once torch is known here
+from bytesched.tools.models import BUILDERS  # noqa: E402 - once torch is known here
+from bytesched.tools.profiler import _trace, find_layers, flops_profile, measure_profile  # noqa: E402 - once torch is known here
 
 
 def tiny() -> nn.Module:

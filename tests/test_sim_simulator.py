@@ -176,7 +176,7 @@ def test_a_scheduled_ps_job_is_laid_out_as_the_mxnet_plugin_lays_it_out() -> Non
     """bytesched's partitions go where ScheduledKVStore puts them (a big tensor striped over the
     servers, its partitions alternating; small tensors whole on the least-loaded server), not
     where MXNet's key rule would put equal pieces; the plain store keeps MXNet's rule."""
-    from bytesched.core.ps_layout import ServerKeyTable, mxnet_server_of
+    from bytesched.ps_layout import ServerKeyTable, mxnet_server_of
     from bytesched.sim.ps import plugin_layout
     from bytesched.sim.simulator import tensor_plans
     profile = ModelProfile("mixed", (Layer("a", 0.001, 0.002, (Tensor("medium", 2_000_000), Tensor("small", 400_000))),

@@ -18,7 +18,7 @@ from bytesched.plugins.torch import ScheduledOptimizer
 from bytesched.plugins.torch.distributed import DistributedBackend
 from bytesched.plugins.torch.fusion import agree_on_buckets, merge_buckets, pack, plan_buckets, unpack
 from bytesched.plugins.torch.horovod import HandlePoller
-from bytesched.plugins.torch.pipeline import ParamSlot
+from bytesched.plugins.torch.slots import ParamSlot
 from bytesched.plugins.torch.trace import ForwardTrace
 from bytesched.plugins.torch.updates import PartialStep, hyperparameters
 

@@ -337,7 +337,7 @@ def test_warm_start_predictions_are_tried_after_the_configured_point() -> None:
     ready, the tuner tries its three best points (the simulator's best on the factor-2 grid)."""
     from bytesched.sim import load_profile, make_cluster
     from bytesched.tuning.session import background_predictions
-    from bytesched.tuning.warmstart import PREDICTED_POINTS, predicted_throughput
+    from bytesched.tuning.predicted_points import PREDICTED_POINTS, predicted_throughput
 
     space = space_for("allreduce")
     cfg = Config(tuning=True, tuning_profile="vgg16", tuning_bandwidth="25Gbps")

@@ -1,4 +1,4 @@
-"""Tuning's warm start from the job's own step (bytesched.runtime.warm_start): what it measures on
+"""Tuning's warm start from the job's own step (bytesched.runtime.tuning_warm_start): what it measures on
 every rank, what rank 0 predicts from it, and how the tuning session takes the points."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from bytesched.core import Config
 from bytesched.runtime.sizes import SizeSwitches
-from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
+from bytesched.runtime.tuning_warm_start import TuningWarmStart, wants_warm_start
 from bytesched.tuning import make_session
 from bytesched.tuning.space import space_for
 from test_plan import BroadcastingRanks, RecordingCore, _observed_step, _timed, calibration_on_the_fake_clock  # noqa: F401 (an autouse fixture: the calibration runs on the fake clock)

@@ -33,7 +33,7 @@ class Configuration:
     to the workers. None: fixed sizes."""
     plan: bool = False
     """bytesched chooses the sizes itself at start-up (its default with no settings:
-    :mod:`bytesched.runtime.plan`); ``params`` are then only the two steps' before the plan."""
+    :mod:`bytesched.runtime.startup_plan`); ``params`` are then only the two steps' before the plan."""
     scheduling: bool = True
     """False: bytesched with ``BYTESCHED_POLICY=off`` (the framework's own path from the first step)."""
 

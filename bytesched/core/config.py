@@ -40,7 +40,7 @@ UNLIMITED = math.inf
 STAY_OUT_FUSION_BYTES = 25_000_000
 """Where the start-up plan stays out of the way (or scheduling is off), a plugin that offers its
 fusion bound gets this one by default (DistributedDataParallel's ``bucket_cap_mb``), or a quarter
-of the model if that is smaller (:func:`bytesched.runtime.plan.stay_out_fusion`), and fills its
+of the model if that is smaller (:func:`bytesched.runtime.startup_plan.stay_out_fusion`), and fills its
 tasks to it as DDP fills its buckets (:func:`bytesched.core.task.filled_runs`). With nothing to
 schedule, small tasks buy a little earlier communication, which the simulator credits, and cost
 bytesched's own work and the library's per collective, which it does not model: fewer, larger
@@ -150,7 +150,7 @@ class Config:
     check_every: int = 0
     plan: bool = False
     """Choose partition and credit sizes at start-up from the job's own measured step
-    (:mod:`bytesched.runtime.plan`). :func:`from_env` switches it on unless ``BYTESCHED_PLAN=0``
+    (:mod:`bytesched.runtime.startup_plan`). :func:`from_env` switches it on unless ``BYTESCHED_PLAN=0``
     or the job sets a size; a Config built in code keeps its explicit ``params``."""
     plan_trial: bool | None = None
     """Sizes the start-up plan chose are kept only if they ran faster than staying out and passing

@@ -16,7 +16,7 @@ Rank 0's medians decide, broadcast to every rank (a parameter server's workers h
 collective but the rank-0 channel's broadcast): in synchronous data-parallel training every rank
 runs at the slowest one's pace, so every rank's step lasts as long as rank 0's. A broadcast that
 fails in the backend leaves the job where the trial ends, on the framework's own path, with a
-warning naming the reason, as the plan's own broadcast does (:mod:`.plan`); one over the rank-0
+warning naming the reason, as the plan's own broadcast does (:mod:`.startup_plan`); one over the rank-0
 channel raises, since ranks that cannot hear each other cannot agree on anything. The switches come
 back from :meth:`PlanTrial.on_step` as plan outcomes, which a plugin applies as it applies the
 plan's own: the sizes, or staying out and passing through.
@@ -34,7 +34,7 @@ from bytesched.sim.plan import STAY_OUT
 
 from .lifecycle import Ranks
 from .path_trial import PathTrial, TrialOutcome
-from .plan import PlanOutcome
+from .startup_plan import PlanOutcome
 
 log = logging.getLogger("bytesched")
 

@@ -1,7 +1,7 @@
 """What switches a Core's partition and credit sizes at step boundaries: the start-up plan (and,
 after sizes, its trial against staying out) or the tuning session (never both:
 :func:`~.plan.wants_plan` leaves tuned jobs to the tuner, whose first points a
-:class:`~.warm_start.TuningWarmStart` may measure in the plan's place, switching nothing).
+:class:`~.tuning_warm_start.TuningWarmStart` may measure in the plan's place, switching nothing).
 
 A plugin makes the ones its job wants, calls :meth:`SizeSwitches.on_step` at every step boundary
 while :attr:`~SizeSwitches.active`, and applies the sizes it returns (staying out, where
@@ -18,9 +18,9 @@ from bytesched.sim.plan import STAY_OUT
 from bytesched.tuning import TuningSession
 
 from .path_trial import TrialOutcome
-from .plan import PlanOutcome, StartupPlan
+from .startup_plan import PlanOutcome, StartupPlan
 from .plan_trial import PlanTrial
-from .warm_start import TuningWarmStart
+from .tuning_warm_start import TuningWarmStart
 
 SETTLE_LIMIT = 100
 """Steps after which :func:`step_until_settled` gives up: a plan and its trial take 14, a plan

@@ -12,7 +12,7 @@ Every rank drives a :class:`StartObserver` at every step boundary, with the same
                                                              a cluster for the simulator
 
 What happens with the measurements is the subclass's: :class:`~.plan.StartupPlan` simulates
-candidate sizes and broadcasts a choice, :class:`~.warm_start.TuningWarmStart` hands the tuner
+candidate sizes and broadcasts a choice, :class:`~.tuning_warm_start.TuningWarmStart` hands the tuner
 the best predicted points. Timing the backend is a collective that every rank calls at the same
 boundary; a backend error fails it on every rank alike, and the subclass goes on without it.
 """

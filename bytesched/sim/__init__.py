@@ -8,8 +8,9 @@ profile on a described cluster, under every policy, by driving the same
     report = simulate("vgg16", arch="ps", workers=16, bandwidth="10Gbps", partition="4MB")
     print(report.table())
 
-See docs/simulator.md for the model, its assumptions and limits. Nothing here imports torch or
-matplotlib until a profile is measured or a plot is drawn.
+See docs/simulator.md for the model, its assumptions and limits. Nothing here imports torch
+(profiles of torch models are made by ``bytesched profile``, :mod:`bytesched.tools.profiler`), nor
+matplotlib until a plot is drawn.
 """
 
 from .cluster import Cluster, WorkerSpec, parse_bandwidth, parse_duration

@@ -22,7 +22,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 from ..core.task import SubTask
-from ..core.ps_layout import ServerKeyTable, mxnet_server_of
+from ..ps_layout import ServerKeyTable, mxnet_server_of
 from .network import PULL, PUSH, SPREAD, Fabric
 from .engine import EventLoop
 from .profile import ELEMENT_BYTES
@@ -66,7 +66,7 @@ def plugin_layout(plans: Sequence[TensorPlan], num_servers: int, bigarray_bound:
                   partition_bytes: float) -> list[TensorPlan]:
     """``plans`` (in forward order, the order Gluon's Trainer initialises its keys) with the
     partitions and servers the MXNet plugin gives them, from the plugin's own table
-    (:class:`~bytesched.core.ps_layout.ServerKeyTable`).
+    (:class:`~bytesched.ps_layout.ServerKeyTable`).
 
     A scheduled PS job does not place its partitions as MXNet places whole keys: a tensor below
     the big-array bound goes whole to the least-loaded server, a bigger one is cut into one

@@ -7,7 +7,7 @@
 - :mod:`.protocol` and :mod:`.session`: the switch broadcast over the rank-0 channel, applied by
   every rank at the same step whatever the timing;
 - :mod:`.log`: the CSV tuning log and loading a previous job's best;
-- :mod:`.warmstart`: the simulator's predictions as first points;
+- :mod:`.predicted_points`: the simulator's predictions as first points;
 - the search-cost study of the paper's Figure 14 lives outside the package: ``python -m benchmarks tuning``.
 
 A plugin needs only :func:`make_session` and :meth:`TuningSession.on_step` (see

@@ -223,7 +223,7 @@ def make_session(config: Config, *, rank: int, world_size: int,
     bytes ``model_bytes`` move down (:func:`~bytesched.tuning.space.space_for`; every rank
     passes the same). ``warm_start``: where the search's first points come from when
     ``BYTESCHED_TUNING_PROFILE`` is not set (the job's own observed step,
-    :class:`~bytesched.runtime.warm_start.TuningWarmStart`). Bad settings raise ConfigError
+    :class:`~bytesched.runtime.tuning_warm_start.TuningWarmStart`). Bad settings raise ConfigError
     here, on every rank.
     """
     if not (config.tuning or config.tuning_load):
@@ -272,7 +272,7 @@ def background_predictions(config: Config, space: SearchSpace, world_size: int,
     The settings are validated now (ConfigError naming the variable). The returned function
     answers None until the points are ready, then the points (an empty list if the simulation
     failed, which is logged): the tuner polls it at each decision."""
-    from .warmstart import predict_points, warm_start_inputs
+    from .predicted_points import predict_points, warm_start_inputs
 
     profile, cluster = warm_start_inputs(config, space.arch, world_size)
     return predicted_in_background(lambda: predict_points(profile, cluster, space, policy=config.policy))

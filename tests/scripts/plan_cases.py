@@ -36,7 +36,7 @@ def timed_but_fixed(measure: Callable[..., NetworkCost]) -> Callable[..., Networ
 def replace_plan(case: str, operation: str) -> None:
     """Make the start-up plan pick :data:`FORCED` (``forced``) or fail to time the network's
     ``operation`` (``failed``, e.g. "push+pull"); ``measured`` leaves it alone."""
-    import bytesched.runtime.plan as plan_module
+    import bytesched.runtime.startup_plan as plan_module
     import bytesched.runtime.start_observer as observer_module
     from bytesched.sim.plan import Plan
 

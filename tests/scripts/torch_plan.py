@@ -57,7 +57,7 @@ import torch
 
 import bytesched.plugins.torch.optimizer as optimizer_module
 import bytesched.runtime.path_trial as path_trial_module
-import bytesched.runtime.plan as plan_module
+import bytesched.runtime.startup_plan as plan_module
 import bytesched.runtime.start_observer as observer_module
 from bytesched.core import Core, SchedulingParams
 from bytesched.core.config import format_size

@@ -34,7 +34,7 @@ parameters give the model's size that fits the tuner's lattice. A Trainer index 
 begins a new step (Gluon updates each parameter once per step); there, once the last step's
 weights are written, the session hears of the step and the sizes it returns apply from that
 step's first all-reduce on every rank. With no sizes set, the start-up plan
-(:mod:`bytesched.runtime.plan`) is driven at the same boundaries, and its calibration all-reduces
+(:mod:`bytesched.runtime.startup_plan`) is driven at the same boundaries, and its calibration all-reduces
 run where the gradients live (the first weight's context). A plan that stays out of the way
 *passes through*: from that step on each group of gradients Gluon would have handed Horovod's
 optimizer is all-reduced with Horovod's own call (``DistributedOptimizer._do_allreduce``: its
@@ -61,15 +61,9 @@ from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.core.forward import ForwardPass, forward_order
-from bytesched.runtime import channel_of, start_core
-from bytesched.runtime.forward_order import announce, order_by_graph
-from bytesched.runtime.path_trial import TrialOutcome
-from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
-from bytesched.runtime.plan_trial import wants_trial
-from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
-from bytesched.runtime.sizes import SizeSwitches
-from bytesched.sim.plan import STAY_OUT
+from bytesched.runtime import (STAY_OUT, Observer, PlanOutcome, SizeSwitches, StartupPlan, TrialOutcome,
+                               TuningWarmStart, announce, channel_of, order_by_graph, start_core, wants_plan,
+                               wants_trial, wants_warm_start)
 from bytesched.tuning import make_session
 
 from .fusion import Bucket, task_name

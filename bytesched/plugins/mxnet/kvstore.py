@@ -4,7 +4,7 @@
     trainer = gluon.Trainer(net.collect_params(), "sgd", {...}, kvstore=kv)
 
 Each ``push``/``pull``/``pushpull`` of a user key becomes one :class:`KVCommTask` whose
-sub-tasks are the key's partitions, each stored under its own server key (see :mod:`bytesched.core.ps_layout`).
+sub-tasks are the key's partitions, each stored under its own server key (see :mod:`bytesched.ps_layout`).
 The call returns at once, as MXNet's does, having posted into MXNet's engine the wrapped store's
 own push, pull or pushpull of every partition, on avatars, between Dependency Proxies
 (:mod:`.task`). Partitions of one tensor move independently, so the answer to one overlaps the
@@ -68,7 +68,7 @@ the new size with the values the workers last pulled (a collective MXNet init), 
 the optimizer wrapper, which carries optimizer states over on the servers
 (:mod:`.server_optimizer`). No checkpoint, no restart.
 
-Start-up plan (no ``BYTESCHED_*_BYTES`` set, ``dist_sync``; :mod:`bytesched.runtime.plan`). The
+Start-up plan (no ``BYTESCHED_*_BYTES`` set, ``dist_sync``; :mod:`bytesched.runtime.startup_plan`). The
 keys are laid out whole, and until step 2 every worker's Core starts a key the moment it is
 ready, announcing nothing (:meth:`~bytesched.core.Core.start_on_ready`): with nothing held back
 the servers need no common order (see "Cross-worker order"), and the ready proxies release
@@ -126,20 +126,13 @@ from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, from_env
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
-from bytesched.runtime import channel_of, on_channel_failure, start_core, track, untrack
-from bytesched.runtime.channel_ranks import ChannelRanks
-from bytesched.runtime.forward_order import announce, order_by_graph
-from bytesched.runtime.path_trial import TrialOutcome
-from bytesched.runtime.plan import PlanOutcome, StartupPlan, wants_plan
-from bytesched.runtime.plan_trial import wants_trial
-from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
-from bytesched.runtime.sizes import SizeSwitches
-from bytesched.sim.plan import STAY_OUT
+from bytesched.runtime import (STAY_OUT, ChannelRanks, Observer, PlanOutcome, SizeSwitches, StartupPlan, TrialOutcome,
+                               TuningWarmStart, announce, channel_of, on_channel_failure, order_by_graph, start_core,
+                               track, untrack, wants_plan, wants_trial, wants_warm_start)
 from bytesched.tuning import make_session
 
 from bytesched.core.forward import forward_order
-from bytesched.core.ps_layout import KeyLayout, ServerKeyTable, UserKey
+from bytesched.ps_layout import KeyLayout, ServerKeyTable, UserKey
 from .proxies import ProxyLibrary, StoreCall, events
 from .server_optimizer import NOT_ELEMENTWISE, Part, PartitionedOptimizer
 from .task import Arrays, Avatars, FencedAvatars, ProxiedTask, Views, unique_arrays

@@ -11,6 +11,6 @@ barrier mode and the torch.distributed backend.
 """
 
 from .optimizer import ScheduledOptimizer
-from .pipeline import BarrierCrossingError
+from .slots import BarrierCrossingError
 
 __all__ = ["ScheduledOptimizer", "BarrierCrossingError"]

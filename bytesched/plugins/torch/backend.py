@@ -1,4 +1,5 @@
-"""The gradient all-reduce backends the PyTorch plugin runs on, and how one is chosen.
+"""What the PyTorch plugin needs from a gradient all-reduce library (:class:`Backend`); the two
+backends and the choice of one are in :mod:`.backends`.
 
 A backend knows four things the plugin does not: how to lay a gradient out for the wire, how to
 start one partition's all-reduce without blocking (and report its completion to the Core), how
@@ -18,11 +19,11 @@ from bytesched.core.core import Completions
 from bytesched.core.task import Batcher
 
 if TYPE_CHECKING:
-    from bytesched.runtime.stall_watch import StallWatch
+    from bytesched.runtime import StallWatch
 
     from .fusion import Bucket
     from .passthrough import PassThrough
-    from .pipeline import ParamSlot
+    from .slots import ParamSlot
     from .task import GradientTask
 
 
@@ -116,31 +117,3 @@ def operation_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     """The float32 buffer of :meth:`Backend.operation`: ``nbytes`` rounded down to whole elements,
     at least one."""
     return torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
-
-
-def make_backend(optimizer: torch.optim.Optimizer, process_group: Any = None) -> Backend:
-    """Horovod when ``optimizer`` is a ``hvd.DistributedOptimizer``, else torch.distributed when a
-    process group is initialised; a clear error otherwise."""
-    from . import horovod
-    if horovod.is_distributed_optimizer(optimizer):
-        if process_group is not None:
-            raise ValueError("process_group= is for the torch.distributed backend; Horovod's "
-                             "DistributedOptimizer brings its own process_set")
-        return horovod.HorovodBackend(optimizer)
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        from .distributed import DistributedBackend
-        return DistributedBackend(process_group, _device_of(optimizer))
-    raise RuntimeError(
-        f"ScheduledOptimizer needs an all-reduce backend for {type(optimizer).__name__}: either wrap it "
-        "in hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()) first "
-        "(Horovod), or call torch.distributed.init_process_group() before creating it "
-        "(torch.distributed)")
-
-
-def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
-    """Where ``optimizer``'s first parameter lives (the CPU if it has none)."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            return param.device
-    return torch.device("cpu")

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import fx, nn
 
-from .pipeline import ParamSlot
+from .slots import ParamSlot
 
 Wait = Callable[[list[ParamSlot]], None]
 

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from .backend import Backend
-from .pipeline import ParamSlot
+from .slots import ParamSlot
 
 _WEIGHT_PERIOD = 251  # byte i weighs (i mod 251) + 1: a swap of two bytes changes the digest
 

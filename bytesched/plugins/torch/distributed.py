@@ -20,14 +20,14 @@ from bytesched.core import Config, Core, SubTask
 
 from .backend import Backend, operation_buffer
 from .fusion import unpack
+from .passthrough import BucketPassThrough, PassThrough
 from .task import GradientBatcher
 
 if TYPE_CHECKING:
-    from bytesched.runtime.stall_watch import StallWatch
+    from bytesched.runtime import StallWatch
 
     from .fusion import Bucket
-    from .passthrough import PassThrough
-    from .pipeline import ParamSlot
+    from .slots import ParamSlot
     from .task import GradientTask
 
 
@@ -97,7 +97,6 @@ class DistributedBackend(Backend):
     def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
                      plain_step: Callable[..., Any], passes_per_step: int, barrier: bool,
                      watch: "StallWatch", first_step: int) -> "PassThrough":
-        from .passthrough import BucketPassThrough
         return BucketPassThrough(self, slots, buckets, plain_step, optimizer, passes_per_step, barrier, watch,
                                  first_step)
 

@@ -27,7 +27,7 @@ from bytesched.core import filled_runs, fusion_runs
 
 if TYPE_CHECKING:
     from .backend import Backend
-    from .pipeline import ParamSlot
+    from .slots import ParamSlot
     from .task import GradientTask
 
 

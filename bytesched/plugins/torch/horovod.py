@@ -20,13 +20,13 @@ from bytesched.core import SubTask
 
 from .backend import Backend, operation_buffer
 from .fusion import unpack
+from .passthrough import HorovodPassThrough, PassThrough
 
 if TYPE_CHECKING:
-    from bytesched.runtime.stall_watch import StallWatch
+    from bytesched.runtime import StallWatch
 
     from .fusion import Bucket
-    from .passthrough import PassThrough
-    from .pipeline import ParamSlot
+    from .slots import ParamSlot
     from .task import GradientTask
 
 
@@ -178,7 +178,6 @@ class HorovodBackend(Backend):
     def pass_through(self, optimizer: torch.optim.Optimizer, slots: list["ParamSlot"], buckets: list["Bucket"],
                      plain_step: Callable[..., Any], passes_per_step: int, barrier: bool,
                      watch: "StallWatch", first_step: int) -> "PassThrough":
-        from .passthrough import HorovodPassThrough
         return HorovodPassThrough(self._optimizer, slots, plain_step, barrier, watch, first_step)
 
     def step_function(self, optimizer: torch.optim.Optimizer) -> Callable[..., Any]:

@@ -27,24 +27,20 @@ from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.forward import ForwardRecorder
 from bytesched.core.timeline import ChromeTimeline
-from bytesched.runtime import channel_of, on_channel_failure, path_trial, start_core, track, untrack
-from bytesched.runtime.forward_order import announce, order_by_graph
-from bytesched.runtime.plan import PlanOutcome, StartupPlan, stay_out_fusion, wants_plan
-from bytesched.runtime.path_trial import TrialOutcome
-from bytesched.runtime.plan_trial import wants_trial
-from bytesched.runtime.stall_watch import StallWatch
-from bytesched.runtime.start_observer import Observer
-from bytesched.runtime.warm_start import TuningWarmStart, wants_warm_start
-from bytesched.runtime.sizes import SizeSwitches
-from bytesched.sim.plan import PASS_THROUGH_MARGIN, STAY_OUT
+from bytesched.runtime import (PASS_THROUGH_MARGIN, STAY_OUT, Observer, PathTrial, PlanOutcome, SizeSwitches,
+                               StallWatch, StartupPlan, TrialOutcome, TuningWarmStart, announce, channel_of,
+                               on_channel_failure, order_by_graph, start_core, stay_out_fusion, track, untrack,
+                               wants_plan, wants_trial, wants_warm_start)
 from bytesched.tuning import TuningSession, make_session
 
-from .backend import Backend, make_backend
+from .backend import Backend
+from .backends import make_backend
 from .consistency import check_same_parameters, make_check
 from .fusion import agree_on_buckets
 from .passthrough import PassThrough
-from .pipeline import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot, UpdatePipeline
+from .pipeline import UpdatePipeline
 from .proxies import ForwardProxies
+from .slots import BARRIER_MODE, ESCAPE_HATCH, BarrierCrossingError, ParamSlot
 from .timeline import StepTimeline
 from .trace import ForwardTrace
 from .updates import PartialStep, hyperparameters
@@ -130,8 +126,8 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._passes_per_step = passes
         self._passing: PassThrough | None = None  # the library's own path, once the plan stayed out
         self._measures_paths = _measures_paths(config)
-        self._trial: path_trial.PathTrial | None = None  # timing both ways of staying out, while it runs
-        self._trial_outcome: path_trial.TrialOutcome | None = None
+        self._trial: PathTrial | None = None  # timing both ways of staying out, while it runs
+        self._trial_outcome: TrialOutcome | None = None
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
         device = slots[0].param.device
         warm = self._observer(TuningWarmStart, backend, model_bytes, device) \
@@ -266,7 +262,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         return self._passing is not None
 
     @property
-    def path_trial(self) -> path_trial.TrialOutcome | None:
+    def path_trial(self) -> TrialOutcome | None:
         """What timing the Core's path against the library's own measured and kept, once a plan
         that stayed out did so (``BYTESCHED_STAY_OUT_PATH``)."""
         return self._trial_outcome
@@ -413,7 +409,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
             if not (self._measures_paths and plan.measured):
                 self._pass_through("the plan stayed out of the way")
                 return
-            self._trial = path_trial.PathTrial()  # begins on the Core
+            self._trial = PathTrial()  # begins on the Core
             self._trial.boundary(time.monotonic())
         if self._core.order == "rank0" and self._alone_on_core():  # the merged buckets' sequence
             self._core.start_in_sequence(self._pipeline.sequence())
@@ -612,7 +608,7 @@ def _stay_out_bound(config: Config, device: torch.device, backend: Backend, mode
     """The fusion bound this optimizer's buckets take where it stays out of the way, unless the job
     set one (None: they stay as they are): on a GPU, and wherever passing through all-reduces
     bytesched's buckets (torch.distributed), ``BYTESCHED_STAY_OUT_FUSION_BYTES``
-    (:func:`bytesched.runtime.plan.stay_out_fusion`). On a GPU bytesched's work per task
+    (:func:`bytesched.runtime.startup_plan.stay_out_fusion`). On a GPU bytesched's work per task
     competes with the training thread's kernel launches; over torch.distributed each bucket is
     one Gloo collective, whose CPU fewer buckets save; over Horovod on the CPU, which fuses by
     itself, the path trial kept the Core's 1 MB tasks. Figures: docs/plan.md, "2 on"."""

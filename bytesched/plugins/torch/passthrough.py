@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from bytesched.runtime.stall_watch import StallWatch
+from bytesched.runtime import StallWatch
 
 from .fusion import backward_order, pack
-from .pipeline import ZERO_GRAD_IN_FLIGHT, ParamSlot, clear_grad, computed_again, dense_grad, modified_while_reducing
+from .slots import ZERO_GRAD_IN_FLIGHT, ParamSlot, clear_grad, computed_again, dense_grad, modified_while_reducing
 
 if TYPE_CHECKING:
     from .distributed import DistributedBackend

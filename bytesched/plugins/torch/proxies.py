@@ -28,7 +28,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .compiled import CompiledForwards, Pieces, compiled_modules, split_traced_graph
-from .pipeline import ParamSlot, UpdatePipeline
+from .pipeline import UpdatePipeline
+from .slots import ParamSlot
 from .trace import IN_GRAPH, ForwardTrace
 
 

@@ -30,7 +30,7 @@ from torch.utils.hooks import RemovableHandle
 
 from bytesched.core.timeline import ChromeTimeline
 
-from .pipeline import ParamSlot
+from .slots import ParamSlot
 
 
 class StepTimeline:

@@ -5,7 +5,7 @@ With ``BYTESCHED_TUNING=1`` the tuner's first trial runs the configured sizes. M
 measures what the start-up plan measures (step 1 through the Core, a 4-byte and a large
 operation of the backend at the boundary of step 2; :mod:`.start_observer`), and rank 0 simulates
 that step over the tuner's factor-2 grid on a background thread
-(:func:`bytesched.tuning.warmstart.predict_points`). The best predicted points are the next ones
+(:func:`bytesched.tuning.predicted_points.predict_points`). The best predicted points are the next ones
 tried, before the search's own guesses: the plan refined by measurement. Nothing switches sizes
 here, so every rank keeps following the tuning session.
 
@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from bytesched.core import Config
 from bytesched.tuning.session import predicted_in_background
 from bytesched.tuning.space import Point, SearchSpace
-from bytesched.tuning.warmstart import predict_points
+from bytesched.tuning.predicted_points import predict_points
 
 from .start_observer import ObservedJob, StartObserver
 

@@ -1,6 +1,6 @@
 """``bytesched check-gpu``: two ranks on the local GPU check that bytesched trains exactly like
 an unscheduled all-reduce and time it against DistributedDataParallel (see
-:mod:`bytesched.plugins.torch.gpucheck`). Importing this module does not import torch.
+:mod:`.gpucheck`). Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-MODELS = ("cnn", "resnet50", "vgg16", "transformer")
+from .model_names import CHECK_MODELS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The check's options (shared by the subcommand and ``python -m``)."""
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                         help="where the ranks compute (auto: cuda when present, else cpu)")
-    parser.add_argument("--models", help=f"comma-separated, of {', '.join(MODELS)} "
+    parser.add_argument("--models", help=f"comma-separated, of {', '.join(CHECK_MODELS)} "
                                          "(default: resnet50,vgg16,transformer on cuda, cnn on cpu)")
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per iteration (default 32)")
     parser.add_argument("--steps", type=int, default=10, help="timed iterations per round (default 10)")
@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     if args.warmup < 0 or args.timeout <= 0:
         print("bytesched check-gpu: --warmup must be >= 0 and --timeout > 0", file=sys.stderr)
         return 2
-    from bytesched.plugins.torch import gpucheck  # imports torch
+    from . import gpucheck  # imports torch
     models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else ()
     options = gpucheck.CheckOptions(device=args.device, models=models, batch=args.batch, steps=args.steps,
                                     rounds=args.rounds, warmup=args.warmup,
@@ -65,8 +65,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 def command_line(argv: list[str] | None = None) -> int:
-    """``python -m bytesched.plugins.torch.gpucheck [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m bytesched.plugins.torch.gpucheck",
+    """``python -m bytesched.tools.check_gpu [options]``."""
+    parser = argparse.ArgumentParser(prog="python -m bytesched.tools.check_gpu",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(command_line())

@@ -2,6 +2,8 @@
 
 Used by the MXNet plugin's ScheduledKVStore and by the simulator, which places a scheduled PS
 job's partitions with this same table; it follows MXNet's placement rule but imports no MXNet.
+So it lives beside the simulator, below the plugins: not in :mod:`bytesched.core`, which knows no
+framework's rules, nor in :mod:`bytesched.plugins.mxnet`, which the simulator may not import.
 
 Each tensor the user stores under a key is split into contiguous element ranges, one server key
 per range (zero-copy: the ranges are views of the flattened tensor). Every worker builds the same

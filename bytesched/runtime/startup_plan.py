@@ -14,7 +14,7 @@ a :class:`StartupPlan` at every step boundary, and the plan runs this course::
 
 Where the plan chooses sizes, they are then tried against staying out before they are kept
 (:mod:`.plan_trial`). The observing and timing are :class:`~.start_observer.StartObserver`'s; a tuned job gets the
-same measurements as its search's first points instead (:mod:`.warm_start`). Until the plan is
+same measurements as its search's first points instead (:mod:`.tuning_warm_start`). Until the plan is
 made the job stays out of the way (every gradient sent whole the moment it is
 ready, the cheapest path through bytesched), so planning never makes a step slower than the
 baseline by more than two drains. The operation timed is the backend's per-tensor one: an

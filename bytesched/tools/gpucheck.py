@@ -1,6 +1,6 @@
 """Is bytesched right, and how fast is it, on the local GPU? Two ranks answer.
 
-Run by ``bytesched check-gpu`` (or ``python -m bytesched.plugins.torch.gpucheck``). Two processes
+Run by ``bytesched check-gpu`` (or ``python -m bytesched.tools.check_gpu``). Two processes
 join a torch.distributed group over loopback: Gloo with both ranks sharing one GPU (NCCL refuses
 two ranks on one device), or NCCL with one GPU each when there are two or more. Then:
 
@@ -31,7 +31,6 @@ import functools
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,13 +41,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bytesched.check_gpu import MODELS as _MODELS
 from bytesched.core import SchedulingParams, from_env, shutdown
 from bytesched.launch.ports import free_port
-from bytesched.runtime.path_trial import TRIAL_STEPS
-from bytesched.runtime.sizes import step_until_settled
+from bytesched.plugins.torch import ScheduledOptimizer
+from bytesched.runtime import TRIAL_STEPS, step_until_settled
 
-from .optimizer import ScheduledOptimizer
+from .model_names import CHECK_MODELS
+from .models import BUILDERS
 
 EQUIVALENCE_PARTITION_BYTES = 16384
 WORLD_SIZE = 2
@@ -78,9 +77,9 @@ def run_check(options: CheckOptions) -> dict[str, Any]:
     if device == "cuda" and not torch.cuda.is_available():
         raise CheckError("--device cuda: this torch build sees no CUDA device")
     models = options.models or (("resnet50", "vgg16", "transformer") if device == "cuda" else ("cnn",))
-    unknown = [m for m in models if m not in _MODELS]
+    unknown = [m for m in models if m not in CHECK_MODELS]
     if unknown:
-        raise CheckError(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(_MODELS)}")
+        raise CheckError(f"unknown model(s) {', '.join(unknown)}: expected {', '.join(CHECK_MODELS)}")
     options = dataclasses.replace(options, device=device, models=tuple(models))
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bytesched-check-") as tmp:
@@ -271,7 +270,6 @@ def _small_cnn_inputs(batch: int, device: "torch.device | str") -> tuple[torch.T
 def _build(name: str) -> tuple[nn.Module, Callable[[int, Any], tuple[torch.Tensor, ...]]]:
     if name == "cnn":
         return _SmallCNN(), _small_cnn_inputs
-    from bytesched.sim.models import BUILDERS
     return BUILDERS[name]()
 
 
@@ -380,8 +378,3 @@ def format_report(report: dict[str, Any]) -> str:
 def all_identical(report: dict[str, Any]) -> bool:
     """Every equivalence case kept every tensor bit-identical."""
     return all(row["identical"] == row["tensors"] for row in report["equivalence"])
-
-
-if __name__ == "__main__":
-    from bytesched.check_gpu import command_line
-    sys.exit(command_line())

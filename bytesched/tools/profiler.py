@@ -36,8 +36,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .devices import get_device
-from .profile import Layer, ModelProfile, Tensor
+from bytesched.sim.devices import get_device
+from bytesched.sim.profile import Layer, ModelProfile, Tensor
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
-from .devices import DEVICES
+from bytesched.sim.devices import DEVICES
 
-BUILTIN = ("vgg16", "resnet50", "transformer")
+from .model_names import PAPER_MODELS
+
 _DEFAULT_BATCH = {"vgg16": 32, "resnet50": 32, "transformer": 64}
 
 
@@ -20,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "profile", help="make a simulator profile of a torch model (FLOPs on a named GPU, or timed on a real device)",
         description="Write a model profile (layers in forward order with forward/backward time and "
                     "gradient bytes) for `bytesched simulate --profile`. See docs/simulator.md.")
-    p.add_argument("model", help=f"{', '.join(BUILTIN)}, or MODULE:CALLABLE returning a torch.nn.Module "
+    p.add_argument("model", help=f"{', '.join(PAPER_MODELS)}, or MODULE:CALLABLE returning a torch.nn.Module "
                                  "(or a (module, make_inputs(batch, device)) pair)")
     p.add_argument("--batch", type=int, help="samples per worker (default 32; transformer 64 sentence pairs)")
     p.add_argument("--input-shape", help="shape of one sample for a MODULE:CALLABLE model, e.g. 3,224,224")
@@ -72,12 +73,12 @@ def main(args: argparse.Namespace) -> int:
 
 def _load_model(spec: str, input_shape: str | None) -> tuple[Any, Callable[[int, str], Sequence[Any]], str]:
     """A built-in model, or ``module:callable`` from the user's code; with a description."""
-    if spec in BUILTIN:
+    if spec in PAPER_MODELS:
         from .models import BUILDERS, DESCRIPTIONS
         return (*BUILDERS[spec](), DESCRIPTIONS[spec])
     module_name, sep, attribute = spec.partition(":")
     if not sep:
-        raise ValueError(f"model {spec!r}: expected one of {', '.join(BUILTIN)} or MODULE:CALLABLE")
+        raise ValueError(f"model {spec!r}: expected one of {', '.join(PAPER_MODELS)} or MODULE:CALLABLE")
     built = getattr(importlib.import_module(module_name), attribute)()
     if isinstance(built, tuple):
         return (*built, spec)
