@@ -253,7 +253,9 @@ class Reporter:
         try:
             check()
         except Exception:
-            self.result(name, False, "raised:\n" + traceback.format_exc())
+            # On the CASE line itself (the launcher's report keeps one line per case): the
+            # traceback's last frames and the exception, joined.
+            self.result(name, False, "raised: " + " | ".join(traceback.format_exc().strip().splitlines()[-7:]))
         finally:
             core.shutdown()  # each case may use another configuration
             print(f"TIME {name} {time.monotonic() - started:.2f}s rank={self.rank}", flush=True)
