@@ -119,9 +119,7 @@ def fit_scheduled_overhead(profile: ModelProfile, options: dict[str, Any], coars
     partitions are the framework's own collectives, which the simulator already fuses per cycle
     as Horovod does, so none costs less. A fit below it explains a probe's gain by cheap messages
     where something else gave it, and the sizes chosen with that θ can be the grid's finest with
-    one partition in flight: on MXNet over Horovod's ResNet50, θ fitted 0 (the plain path's cost
-    1.09 ms) chose 256 KB / 256 KB, predicted 1.30x and measured 0.76x; from 1.09 ms up the choice
-    is 1 MB / 2 MB, predicted 1.22x.
+    one partition in flight, which ran slower than predicted (docs/simulator.md, "Accuracy").
     """
     floor = options["overhead"]
     grid = (floor, *(theta for theta in OVERHEAD_GRID if theta > floor))
