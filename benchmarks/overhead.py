@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bytesched.launch.ports import free_port
-from bytesched.runtime.sizes import step_until_settled
+from bytesched.runtime import step_until_settled
 
 from .horovod_jobs import end_job, horovodrun_argv
 from .provenance import command_line, revision

@@ -1,5 +1,7 @@
-"""The path trial's and the plan trial's counting and decisions, without processes (the switches
-they drive, on real ranks, are in test_torch_plan.py and test_ps_plan.py)."""
+"""The path trial's counting and decisions, and the plan trial as a plugin's start-up carries it
+(rank 0's medians over the plan's broadcast), without processes (the switches they drive, on real
+ranks, are in test_torch_plan.py and test_ps_plan.py; the controller's decisions alone in
+test_startup_controller.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,9 @@ import pytest
 
 from bytesched.core import SchedulingParams
 from bytesched.core.channel import ChannelError
+from bytesched.runtime import Path, PathAdapter, Startup, StartupController
 from bytesched.runtime.path_trial import CORE_MARGIN, TRIAL_STEPS, PathTrial
 from bytesched.runtime.startup_plan import PlanOutcome
-from bytesched.runtime.plan_trial import PlanTrial
-from bytesched.runtime.sizes import SizeSwitches
 from bytesched.sim.plan import STAY_OUT
 
 
@@ -71,21 +72,70 @@ class Rank:
         return self._rank0s[len(self.offered) - 1]
 
 
+class MadePlan:
+    """A start-up plan that was made at step 2 with ``outcome`` (what a Startup hears of it)."""
+
+    def __init__(self, outcome: PlanOutcome, ranks: Rank, stay_out_fusion: float | None = None) -> None:
+        self._made, self.ranks, self.stay_out_fusion = outcome, ranks, stay_out_fusion
+        self.outcome: PlanOutcome | None = None
+        self.tries_sizes = True
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def on_step(self, step: int) -> SchedulingParams | None:
+        if step == self._made.step:
+            self.outcome = self._made
+            return self._made.params
+        return None
+
+
+class Recorder(PathAdapter):
+    """A plugin that records what its start-up applied, per step."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[object, ...]] = []
+
+    def _apply_sizes(self, params: SchedulingParams) -> None:
+        self.applied.append(("sizes", params))
+
+    def _switch_path(self, path: Path, reason: str) -> None:
+        self.applied.append(("path", path))
+
+    def _fuse(self, fusion_bytes: float, temporary: bool) -> None:
+        self.applied.append(("fuse", fusion_bytes, temporary))
+
+    def _unfuse(self) -> None:
+        self.applied.append(("unfuse",))
+
+
 SIZED = PlanOutcome(SchedulingParams(partition_bytes=1_000_000, credit_bytes=4_000_000), 2, "chose 1 MB / 4 MB")
 
 
+Steps = list[list[tuple[list[tuple[object, ...]], PlanOutcome | None]]]
+"""Per rank, per step: what its plugin applied, and the plan it then reports."""
+
+
 def trial_steps(ranks: list[Rank], sized_ms: float, staying_out_ms: float,
-                stay_out_fusion: float | None = None) -> list[list[PlanOutcome | None]]:
+                stay_out_fusion: float | None = None) -> Steps:
     """Both ranks' plan trials from the plan's step 2, fed steps of ``sized_ms`` then
-    ``staying_out_ms`` (rank 1 reads its clock 5 ms late each step); what each returned per step."""
-    trials = [PlanTrial(SIZED, rank, now=float(rank.rank), stay_out_fusion=stay_out_fusion) for rank in ranks]
+    ``staying_out_ms`` (rank 1 reads its clock 5 ms late each step); per step, what each rank's
+    plugin applied and the plan it then reports."""
+    plugins = [Recorder() for _ in ranks]
+    for rank, plugin in zip(ranks, plugins):
+        plugin._startup = Startup(plugin, StartupController(), planning=MadePlan(SIZED, rank, stay_out_fusion))
+        plugin._startup.on_step(2, now=float(rank.rank))
+        assert plugin.applied == [("sizes", SIZED.params), ("path", Path.CORE)] and plugin.plan == SIZED
     clocks = [float(rank.rank) for rank in ranks]
-    returned: list[list[PlanOutcome | None]] = [[], []]
+    returned: Steps = [[], []]
     for step in range(3, 3 + 2 * TRIAL_STEPS):
-        for i, trial in enumerate(trials):
+        for i, plugin in enumerate(plugins):
             clocks[i] += (sized_ms if step <= 2 + TRIAL_STEPS else staying_out_ms) / 1e3 + 0.005 * i
-            returned[i].append(trial.on_step(step, now=clocks[i]))
-        assert all(trial.done == (step == 2 + 2 * TRIAL_STEPS) for trial in trials)
+            plugin.applied = []
+            plugin._startup.on_step(step, now=clocks[i])
+            returned[i].append((plugin.applied, plugin.plan))
+        assert all(plugin.settled == (step == 2 + 2 * TRIAL_STEPS) for plugin in plugins)
     return returned
 
 
@@ -97,32 +147,36 @@ def test_a_plan_trial_stays_out_after_the_sizes_steps_and_keeps_the_sizes_only_i
     rank0s: list[int] = []
     returned = trial_steps([Rank(0, rank0s), Rank(1, rank0s)], sized_ms=80.0, staying_out_ms=100.0)
     for steps in returned:
-        staying_out = steps[TRIAL_STEPS - 1]
+        applied, staying_out = steps[TRIAL_STEPS - 1]
+        assert applied == [("sizes", STAY_OUT), ("path", Path.PASS_THROUGH)]
         assert staying_out is not None and staying_out.params == STAY_OUT and staying_out.passes_through
         assert staying_out.step == 2 + TRIAL_STEPS
-        kept = steps[-1]
+        applied, kept = steps[-1]
+        assert applied == [("sizes", SIZED.params), ("path", Path.CORE)]  # nothing was fused to undo
         assert kept is not None and kept.params == SIZED.params and kept.step == 2 + 2 * TRIAL_STEPS
         assert kept.summary == ("chose 1 MB / 4 MB; trial: 80.0 ms per step on the plan's 1MB partitions, "
                                 "4MB credit, 100.0 passing through: keeping the plan's 1MB partitions, 4MB credit")
-        assert ([s for i, s in enumerate(steps) if i not in (TRIAL_STEPS - 1, len(steps) - 1)]
-                == [None] * (len(steps) - 2))
+        assert ([a for i, (a, _) in enumerate(steps) if i not in (TRIAL_STEPS - 1, len(steps) - 1)]
+                == [[]] * (len(steps) - 2))
     rank0s.clear()
     ranks = [Rank(0, rank0s), Rank(1, rank0s)]
     returned = trial_steps(ranks, sized_ms=100.0 * (1 - CORE_MARGIN), staying_out_ms=100.0)
-    assert returned[0][-1] is None and returned[1][-1] is None
+    assert returned[0][-1][0] == [] and returned[1][-1][0] == []
     assert ranks[1].offered == [103_000, 105_000]  # rank 1's own medians, read 5 ms late: not used
     assert rank0s == [98_000, 100_000]  # rank 0's, in microseconds, decided on both ranks
 
 
 def test_a_plan_trial_stays_out_in_the_fusion_a_plan_that_stays_out_gives() -> None:
     """Where the plugin offered its fusion bound, the trial's steps passing through run fused as a
-    plan that stays out would run them; the sizes, if they come back, keep the plugin's own bound."""
+    plan that stays out would run them (this plugin only, undone when the sizes come back); the
+    sizes, if they come back, keep the plugin's own bound."""
     rank0s: list[int] = []
     for steps in trial_steps([Rank(0, rank0s), Rank(1, rank0s)], sized_ms=80.0, staying_out_ms=100.0,
                              stay_out_fusion=6e6):
-        staying_out, kept = steps[TRIAL_STEPS - 1], steps[-1]
+        (applied, staying_out), (kept_applied, kept) = steps[TRIAL_STEPS - 1], steps[-1]
+        assert ("fuse", 6e6, True) in applied
         assert staying_out is not None and (staying_out.fusion_bytes, staying_out.passes_through) == (6e6, True)
-        assert kept is not None and kept.fusion_bytes is None
+        assert kept is not None and kept.fusion_bytes is None and ("unfuse",) in kept_applied
 
 
 class FailingRank(Rank):
@@ -143,34 +197,23 @@ def test_a_plan_trial_whose_broadcast_fails_in_the_backend_stays_out_and_says_wh
     own medians favour the sizes; a failing rank-0 channel raises (module doc)."""
     failing = [FailingRank(RuntimeError("Horovod has been shut down")) for _ in range(2)]
     returned = trial_steps(failing, sized_ms=50.0, staying_out_ms=100.0)
-    assert returned[0][-1] is None and returned[1][-1] is None  # no switch back to the sizes
+    assert returned[0][-1][0] == [] and returned[1][-1][0] == []  # no switch back to the sizes
     assert "rank 1): 50.0 ms per step on the plan's 1MB partitions, 4MB credit, 100.0 passing through: " \
            "passing through (rank 0's medians could not be received: Horovod has been shut down)" in caplog.text
     with pytest.raises(ChannelError, match="no value"):
         trial_steps([FailingRank(ChannelError("no value from rank 0"))] * 2, sized_ms=50.0, staying_out_ms=100.0)
 
 
-def test_a_plan_that_stays_out_has_no_trial() -> None:
-    with pytest.raises(ValueError, match="this plan stays out"):
-        PlanTrial(PlanOutcome(STAY_OUT, 2, "staying out"), Rank(0, []))
-
-
-def test_size_switches_apply_the_trials_outcomes_as_the_plan_and_end_it_when_the_job_sets_sizes() -> None:
-    """SizeSwitches hands a plugin each switch of the trial as its sizes and as ``plan`` (what the
-    plugins read to pass through), keeps the trial's outcome, and stays active (and timing its
-    steps) until the trial decided; a job that sets sizes itself ends the trial."""
-    switches = SizeSwitches()
-    switches.plan, switches.trial = SIZED, PlanTrial(SIZED, Rank(0, []), now=0.0)
-    assert switches.active and switches.times_steps
-    applied = []
+def test_a_startup_times_the_trials_steps_and_a_job_that_sets_sizes_ends_the_trial() -> None:
+    """The Startup stays active (and timing its steps) until the trial decided; a job that sets
+    sizes itself ends the trial, which then switches nothing and keeps no outcome."""
+    plugin = Recorder()
+    plugin._startup = startup = Startup(plugin, StartupController(), planning=MadePlan(SIZED, Rank(0, [])))
+    startup.on_step(2, now=0.0)
+    assert startup.active and startup.times_steps and not plugin.settled
+    startup.sizes_set()
+    assert plugin.applied[-1] == ("path", Path.CORE)
+    plugin.applied = []
     for step in range(3, 3 + 2 * TRIAL_STEPS):
-        ms = 50.0 if step <= 2 + TRIAL_STEPS else 100.0
-        applied.append(switches.on_step(step, now=(step - 2) * ms / 1e3))
-    assert applied[TRIAL_STEPS - 1] == STAY_OUT and applied[-1] == SIZED.params
-    assert switches.plan is not None and switches.plan.params == SIZED.params
-    assert switches.plan.step == 2 + 2 * TRIAL_STEPS
-    assert switches.trial_outcome is not None and not switches.trial_outcome.passes_through
-    assert not switches.active and not switches.times_steps
-    switches.trial = PlanTrial(SIZED, Rank(0, []), now=0.0)
-    switches.end_trial()
-    assert not switches.active and switches.on_step(3, now=1.0) is None
+        startup.on_step(step, now=float(step))
+    assert plugin.applied == [] and plugin.settled and not startup.times_steps and plugin.plan_trial is None

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from bytesched.core import Config
-from bytesched.runtime.sizes import SizeSwitches
+from bytesched.runtime import PathAdapter, Startup, StartupController
 from bytesched.runtime.tuning_warm_start import TuningWarmStart, wants_warm_start
 from bytesched.tuning import make_session
 from bytesched.tuning.space import space_for
@@ -82,14 +82,15 @@ def test_a_failed_timing_costs_the_warm_start_not_the_job(caplog: pytest.LogCapt
     assert poll() == ()
 
 
-def test_size_switches_run_it_beside_the_tuning_session_without_a_plan() -> None:
+def test_a_startup_runs_it_beside_the_tuning_session_without_a_plan() -> None:
     warm, core, _ = _warm(0)
-    switches = SizeSwitches(planning=warm)
-    switches.on_step(0)
-    switches.on_step(1)
+    plugin = PathAdapter()  # every hook refuses: the warm start switches nothing
+    plugin._startup = startup = Startup(plugin, StartupController(), planning=warm)
+    startup.on_step(0)
+    startup.on_step(1)
     _observed_step(core)
-    switches.on_step(2)
-    assert switches.planning is None and switches.plan is None and not switches.active
+    startup.on_step(2)
+    assert startup.planning is None and plugin.plan is None and not startup.active and plugin.settled
 
 
 @pytest.mark.parametrize("changes, world_size, wanted", [

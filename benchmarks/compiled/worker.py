@@ -33,7 +33,7 @@ from torch import nn
 import bytesched.core as core
 from bytesched.core.config import PIECE_BYTES, parse_size
 from bytesched.plugins.torch import ScheduledOptimizer
-from bytesched.runtime.sizes import step_until_settled
+from bytesched.runtime import step_until_settled
 
 from ..emulated.protocol import emit_run, parse_worker_args
 from ..emulated.scaling import Scale, scaled_profile

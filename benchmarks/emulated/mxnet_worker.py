@@ -21,7 +21,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from bytesched.core import from_env
-from bytesched.runtime.sizes import step_until_settled
+from bytesched.runtime import step_until_settled
 from bytesched.sim.profile import ModelProfile
 
 from .configs import Configuration, configuration

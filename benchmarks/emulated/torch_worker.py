@@ -19,7 +19,7 @@ import torch
 import bytesched.core as core
 from bytesched.core.config import STAY_OUT_FUSION_BYTES
 from bytesched.plugins.torch import ScheduledOptimizer
-from bytesched.runtime.sizes import step_until_settled
+from bytesched.runtime import step_until_settled
 
 from .cells import REAL_MODELS
 from .configs import Configuration, configuration

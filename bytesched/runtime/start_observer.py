@@ -93,6 +93,11 @@ class StartObserver:
         self._observed_from: float | None = None
 
     @property
+    def ranks(self) -> Ranks:
+        """The ranks the outcome is broadcast to (and a trial of a plan's sizes decided over)."""
+        return self._ranks
+
+    @property
     def done(self) -> bool:
         """The measurements were used: on_step does nothing any more."""
         raise NotImplementedError

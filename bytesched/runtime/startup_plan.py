@@ -169,11 +169,6 @@ class StartupPlan(StartObserver):
         steps staying out."""
 
     @property
-    def ranks(self) -> Ranks:
-        """The ranks the plan is broadcast to (and a trial of its sizes decided over)."""
-        return self._ranks
-
-    @property
     def done(self) -> bool:
         """The plan is applied: on_step does nothing any more."""
         return self.outcome is not None

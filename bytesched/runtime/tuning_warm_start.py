@@ -41,7 +41,9 @@ class TuningWarmStart(StartObserver):
     returns sizes); give the tuning session :meth:`predictions` (see the module doc)."""
 
     outcome = None
-    """No plan is applied (what :class:`~.sizes.SizeSwitches` reads of a finished plan)."""
+    """No plan is applied (what a :class:`~.startup.Startup` reads of a finished plan)."""
+    tries_sizes = False
+    stay_out_fusion = None
 
     _measured = False
     _job: ObservedJob | None = None

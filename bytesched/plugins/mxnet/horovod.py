@@ -61,9 +61,9 @@ from bytesched.core import Config, SchedulingParams, fusion_runs, split_elements
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, from_env
 from bytesched.core.policies import partition_size
 from bytesched.core.forward import ForwardPass, forward_order
-from bytesched.runtime import (STAY_OUT, Observer, PlanOutcome, SizeSwitches, StartupPlan, TrialOutcome,
-                               TuningWarmStart, announce, channel_of, order_by_graph, start_core, wants_plan,
-                               wants_trial, wants_warm_start)
+from bytesched.runtime import (Observer, Path, PathAdapter, Startup, StartupController, StartupPlan, TuningWarmStart,
+                               announce, channel_of, order_by_graph, start_core, wants_plan, wants_trial,
+                               wants_warm_start)
 from bytesched.tuning import make_session
 
 from .fusion import Bucket, task_name
@@ -72,7 +72,7 @@ from .task import Avatars, ProxiedTask
 from .trace import ForwardWatch, handle_of
 
 
-class ScheduledOptimizer(mx.optimizer.Optimizer):
+class ScheduledOptimizer(mx.optimizer.Optimizer, PathAdapter):
     """Wraps ``horovod.mxnet.DistributedOptimizer`` so its all-reduces are scheduled.
 
     Args:
@@ -101,11 +101,11 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         self._facts: dict[int, _Facts] = {}
         self._tuning_wanted = bool(self._config.tuning or self._config.tuning_load)
         self._plan_wanted = wants_plan(self._config, hvd.size())
-        self._sizes = SizeSwitches()  # its plan or tuning session is made at the first update
+        # Its plan or tuning session is made at the first update; scheduling off: Horovod's own path throughout.
+        self._startup = Startup(self, StartupController(scheduling=self._config.scheduling, passes_whenever_out=True))
         self._step = -1
         self._seen: set[int] = set()  # Trainer indices updated in this step (tuning or plan only)
         self._written: list[mx.nd.NDArray] = []  # the weights this step's updates write (tuning or plan only)
-        self._passes_through = not self._config.scheduling  # BYTESCHED_POLICY=off: Horovod's own path throughout
         # Priorities (module doc): the first forward pass, watched until the first backward pass.
         self._watch = ForwardWatch() if self._config.scheduling else None
         self._ranks: dict[int, int] | None = None  # Trainer index -> rank in the forward order
@@ -127,38 +127,10 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         return sys.maxsize
 
     @property
-    def plan(self) -> PlanOutcome | None:
-        """The sizes the start-up plan chose and every rank applied, once it did."""
-        return self._sizes.plan
-
-    @property
-    def passes_through(self) -> bool:
-        """The plan stayed out of the way (or scheduling is off), and Horovod's own all-reduce runs
-        (module doc)."""
-        return self._passes_through
-
-    @property
     def priority_order(self) -> list[int] | None:
         """The Trainer's indices by priority, most urgent first, as rank 0's first forward pass
         read them (module doc); None before the first update, and where the index stays."""
         return None if self._ranks is None else sorted(self._ranks, key=self._ranks.__getitem__)
-
-    @property
-    def plan_trial(self) -> TrialOutcome | None:
-        """What timing the plan's sizes against passing through measured and kept, once it did."""
-        return self._sizes.trial_outcome
-
-    @property
-    def settled(self) -> bool:
-        """No start-up plan, plan trial or tuning will switch this optimizer's sizes or path any
-        more (every rank settles at the same step)."""
-        return not self._sizes.active
-
-    @property
-    def tuned_params(self) -> SchedulingParams | None:
-        """The partition and credit sizes tuning kept, the same on every rank (None while tuning
-        still searches, and without tuning)."""
-        return self._sizes.tuned
 
     def set_params(self, params: SchedulingParams) -> None:
         """New partition and credit sizes, from the next all-reduce on (call it at the same step
@@ -166,15 +138,19 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
         passing through, and a trial of the plan's sizes."""
         if not self._config.scheduling:
             raise bcore.ConfigError(f"set_params: {SCHEDULING_OFF}, so there are no sizes to set")
-        self._sizes.end_trial()
-        self._apply(params)
+        self._startup.sizes_set()
+        self._apply_sizes(params)
 
-    def _apply(self, params: SchedulingParams) -> None:
+    # -- the start-up's adapter (PathAdapter's hooks) -----------------------------------------
+    def _apply_sizes(self, params: SchedulingParams) -> None:
         """Run on ``params`` from the next all-reduce on (the plan's, its trial's or the user's)."""
-        self._passes_through = False
         self._core.set_params(params)
         size = params.partition_bytes
         self._partition_bytes = size if size is not None else partition_size(self._config.policy, params)
+
+    def _switch_path(self, path: Path, reason: str) -> None:
+        """Each update reads :attr:`passes_through` (the controller's path) as it starts: nothing
+        else holds the path."""
 
     # -- what Gluon's Trainer and MXNet's Updater call ---------------------------------------
     def create_state(self, index: int, weight: mx.nd.NDArray) -> Any:
@@ -213,18 +189,19 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._tuning_wanted = False
             warm = self._observer(TuningWarmStart, weights, grads) \
                 if wants_warm_start(self._config, hvd.size()) else None
-            self._sizes.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(),
+            self._startup.tuning = make_session(self._config, rank=hvd.rank(), world_size=hvd.size(),
                                               channel=channel_of(self._core), arch="allreduce",
                                               model_bytes=self._model_bytes(grads), warm_start=warm)
-            self._sizes.planning = warm
+            self._startup.planning = warm
         if self._plan_wanted:
             self._plan_wanted = False
-            self._sizes.planning = self._observer(StartupPlan, weights, grads,
+            self._startup.planning = self._observer(StartupPlan, weights, grads,
                                                   tries_sizes=wants_trial(self._config, "allreduce"))
-        if self._sizes.active:
+        if self._startup.active:
             self._step_boundary(indices, weights)
-        passing = self._passes_through and self._hvd._process_set.included()
-        if not self._passes_through:
+        passes_through = self.passes_through
+        passing = passes_through and self._hvd._process_set.included()
+        if not passes_through:
             self._allreduce(indices, grads)
         for group in _groups(index, weight, grad, state, inner.aggregate_num):
             if passing:  # plain Horovod's sequence: each group's all-reduces, then its update
@@ -291,11 +268,8 @@ class ScheduledOptimizer(mx.optimizer.Optimizer):
             self._step += 1
             self._seen.clear()
             self._written.clear()
-            params = self._sizes.on_step(self._step)
-            if params is not None:
-                self._apply(params)
-                self._passes_through = self._sizes.plan is not None and params == STAY_OUT
-            if not self._sizes.active:
+            self._startup.on_step(self._step)
+            if not self._startup.active:
                 return
         self._seen.update(indices)
         self._written.extend(weights)

@@ -126,9 +126,9 @@ from bytesched import core as bcore
 from bytesched.core import Config, SchedulingParams
 from bytesched.core.config import SCHEDULING_OFF, UNLIMITED, configure_logging, from_env
 from bytesched.core.policies import ImmediatePolicy, Policy, make_policy, order_mode, partition_size
-from bytesched.runtime import (STAY_OUT, ChannelRanks, Observer, PlanOutcome, SizeSwitches, StartupPlan, TrialOutcome,
-                               TuningWarmStart, announce, channel_of, on_channel_failure, order_by_graph, start_core,
-                               track, untrack, wants_plan, wants_trial, wants_warm_start)
+from bytesched.runtime import (STAY_OUT, ChannelRanks, Observer, Path, PathAdapter, Startup, StartupController,
+                               StartupPlan, TuningWarmStart, announce, channel_of, on_channel_failure, order_by_graph,
+                               start_core, track, untrack, wants_plan, wants_trial, wants_warm_start)
 from bytesched.tuning import make_session
 
 from bytesched.core.forward import forward_order
@@ -242,7 +242,7 @@ def _policy_for(kv_type: str, config: Config) -> Policy | None:
     return ImmediatePolicy(make_policy(config.policy, config.params))
 
 
-class ScheduledKVStore(KVStoreBase):
+class ScheduledKVStore(KVStoreBase, PathAdapter):
     """An MXNet KVStore whose communication the bytesched Core schedules (see the module doc).
 
     Args:
@@ -297,11 +297,12 @@ class ScheduledKVStore(KVStoreBase):
         self._seen: set[tuple[str, UserKey]] = set()
         self._pending: tuple[SchedulingParams, int | None] | None = None
         self._tuning_wanted = tuning
-        self._sizes = SizeSwitches()  # its plan or tuning session is made at the first push or pull
+        # Its plan or tuning session is made at the first push or pull.
+        self._startup = Startup(self, StartupController(scheduling=self.config.scheduling, passes_whenever_out=True))
         self._switched_step = -1  # the last step the plan or tuning session was told about
         self._timing_parts: dict[int, Part] = {}  # the start-up plan's timed keys
         # The plan stayed out, or scheduling is off: operations go to the wrapped store directly.
-        self._passthrough = not self.config.scheduling
+        self._passthrough = False
         self._passed: dict[tuple[str, UserKey], Arrays] = {}  # meanwhile, what each key's last operation writes
         self._calls: dict[tuple[str, UserKey], tuple[Any, StoreCall]] = {}  # _store_call's
         self._repeats: dict[UserKey, tuple[Any, Any, _Passed]] = {}  # a pushpull's objects and operation
@@ -312,6 +313,7 @@ class ScheduledKVStore(KVStoreBase):
         self._ranks: dict[UserKey, int] | None = None  # None: the caller's priorities
         self._closed = False
         self._stop_listening = on_channel_failure(self._lost)
+        self._startup.opening()
         track(self)  # closed by bytesched.runtime.shutdown (at exit at the latest), before the Core stops
 
     # -- the KVStore interface ----------------------------------------------------------------
@@ -327,34 +329,6 @@ class ScheduledKVStore(KVStoreBase):
     @property
     def num_workers(self) -> int:
         return self._kv.num_workers
-
-    @property
-    def tuned_params(self) -> SchedulingParams | None:
-        """The partition and credit sizes tuning kept, the same on every worker (None while
-        tuning still searches, and without tuning)."""
-        return self._sizes.tuned
-
-    @property
-    def plan(self) -> PlanOutcome | None:
-        """The start-up plan every worker applied (None before step 2, and without a plan)."""
-        return self._sizes.plan
-
-    @property
-    def passes_through(self) -> bool:
-        """The plan stayed out of the way (or scheduling is off), and every operation goes to the
-        wrapped store's own call (module doc, "Start-up plan")."""
-        return self._passthrough
-
-    @property
-    def plan_trial(self) -> TrialOutcome | None:
-        """What timing the plan's sizes against passing through measured and kept, once it did."""
-        return self._sizes.trial_outcome
-
-    @property
-    def settled(self) -> bool:
-        """No start-up plan, plan trial or tuning will switch this store's sizes or path any more
-        (every worker settles at the same step)."""
-        return not self._sizes.active
 
     @property
     def priority_order(self) -> list[UserKey] | None:
@@ -437,7 +411,7 @@ class ScheduledKVStore(KVStoreBase):
         repeat = self._repeats.get(key)
         if repeat is None or repeat[0] is not value or repeat[1] is not out:
             return False
-        if self._sizes.active and ("pushpull", key) in self._seen:
+        if self._startup.active and ("pushpull", key) in self._seen:
             return False  # a step boundary, where a plan trial may end passing through: _submit crosses it
         self._check_healthy()
         self._next_step_if("pushpull", key)
@@ -486,18 +460,28 @@ class ScheduledKVStore(KVStoreBase):
             raise bcore.ConfigError(f"set_params: {SCHEDULING_OFF}, so there are no sizes to set")
         if at_step is not None and at_step <= self.step:
             raise ValueError(f"at_step={at_step} has passed (this worker is at step {self.step})")
-        self._sizes.end_trial()
-        self._apply(params, at_step)
+        self._startup.sizes_set()
+        self._apply_sizes(params, at_step)
 
-    def _apply(self, params: SchedulingParams, at_step: int | None = None) -> None:
-        """Run on ``params`` (the plan's, its trial's, the tuning session's or the user's)."""
-        if self._passthrough or (self._core.start_order != self.order and params != STAY_OUT):
+    # -- the start-up's adapter (PathAdapter's hooks) -----------------------------------------
+    def _switch_path(self, path: Path, reason: str) -> None:
+        """Passing through, operations go to the wrapped store (module doc, "Start-up plan"); on
+        the Core, starts follow rank 0's order again (sizes that may hold pushes back need it)."""
+        if path is Path.PASS_THROUGH:
+            self._passthrough = True
+            self._avatars.clear()
+            return
+        if self._passthrough or self._core.start_order != self.order:
             self.wait_idle()  # nothing in flight while the Core changes how it starts tasks
             self._passthrough = False
             self._passed.clear()
             self._avatars.clear()
             self._repeats.clear()
-            self._core.restore_order()  # sizes that may hold pushes back: rank 0's order again
+            self._core.restore_order()
+
+    def _apply_sizes(self, params: SchedulingParams, at_step: int | None = None) -> None:
+        """Run on ``params`` (the plan's, its trial's, the tuning session's or the user's),
+        re-partitioning at ``at_step`` (default: the next step)."""
         if _order_for(self.type, self.config.with_params(params), self.world_size, self._resized) != self.order:
             log.warning("bytesched: this store's workers run in %s order, chosen at its creation for sizes "
                         "that hold nothing back; the new credit (%s) holds back rank 0's pushes only (set "
@@ -644,7 +628,7 @@ class ScheduledKVStore(KVStoreBase):
             self._seen.clear()
         if self._tuning_wanted or self._plan_wanted:  # every key was initialised: the model's size is known
             self._make_switches()
-        if self._sizes.active and self.step > self._switched_step:
+        if self._startup.active and self.step > self._switched_step:
             self._switch_step()
         if not self._seen:
             self._maybe_repartition()
@@ -655,12 +639,12 @@ class ScheduledKVStore(KVStoreBase):
         if self._tuning_wanted:
             warm = self._observer(TuningWarmStart, model_bytes) \
                 if wants_warm_start(self.config, self.world_size) else None
-            self._sizes.tuning = make_session(self.config, rank=self.core_rank, world_size=self.world_size,
+            self._startup.tuning = make_session(self.config, rank=self.core_rank, world_size=self.world_size,
                                               channel=self._channel, arch="ps", model_bytes=model_bytes,
                                               warm_start=warm)
-            self._sizes.planning = warm
+            self._startup.planning = warm
         if self._plan_wanted:
-            self._sizes.planning = self._observer(StartupPlan, model_bytes,
+            self._startup.planning = self._observer(StartupPlan, model_bytes,
                                                   tries_sizes=wants_trial(self.config, "ps"))
         self._tuning_wanted = self._plan_wanted = False
 
@@ -676,16 +660,10 @@ class ScheduledKVStore(KVStoreBase):
     def _switch_step(self) -> None:
         """Tell the plan, its trial or the tuning session that :attr:`step` begins; apply the sizes
         it switches to."""
-        if self._sizes.times_steps:
+        if self._startup.times_steps:
             self.wait_idle()  # time finished steps, not posted ones (module doc, "Tuning")
-        params = self._sizes.on_step(self.step)
+        self._startup.on_step(self.step)
         self._switched_step = self.step
-        if params is None:
-            return
-        self._apply(params)
-        if self._sizes.plan is not None and params == STAY_OUT:
-            self._passthrough = True  # module doc, "Start-up plan" (on the whole keys again, after a trial's sizes)
-            self._avatars.clear()
 
     def _timed_pushpull(self, nbytes: int) -> Callable[[], None]:
         """A blocking pushpull of ``nbytes`` on a server key of its own, which the servers'

@@ -27,8 +27,8 @@ from bytesched.core import Config, Core, SchedulingParams, from_env
 from bytesched.core.config import SCHEDULING_OFF, configure_logging, format_size
 from bytesched.core.forward import ForwardRecorder
 from bytesched.core.timeline import ChromeTimeline
-from bytesched.runtime import (PASS_THROUGH_MARGIN, STAY_OUT, Observer, PathTrial, PlanOutcome, SizeSwitches,
-                               StallWatch, StartupPlan, TrialOutcome, TuningWarmStart, announce, channel_of,
+from bytesched.runtime import (PASS_THROUGH_MARGIN, Observer, Path, PathAdapter, StallWatch, Startup,
+                               StartupController, StartupPlan, TuningWarmStart, announce, channel_of,
                                on_channel_failure, order_by_graph, start_core, stay_out_fusion, track, untrack,
                                wants_plan, wants_trial, wants_warm_start)
 from bytesched.tuning import TuningSession, make_session
@@ -54,7 +54,7 @@ _sized_cores: "weakref.WeakSet[Core]" = weakref.WeakSet()  # Cores whose sizes a
 _planned_fusion: "weakref.WeakKeyDictionary[Core, float]" = weakref.WeakKeyDictionary()
 
 
-class ScheduledOptimizer(torch.optim.Optimizer):
+class ScheduledOptimizer(torch.optim.Optimizer, PathAdapter):
     """Wraps ``optimizer`` so that ``model``'s gradient all-reduces are scheduled by bytesched.
 
     Args:
@@ -124,24 +124,21 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         self._fusion_follows_plan = not config.fusion_fixed
         self._samples_per_step = samples_per_step
         self._passes_per_step = passes
-        self._passing: PassThrough | None = None  # the library's own path, once the plan stayed out
-        self._measures_paths = _measures_paths(config)
-        self._trial: PathTrial | None = None  # timing both ways of staying out, while it runs
-        self._trial_outcome: TrialOutcome | None = None
+        self._passing: PassThrough | None = None  # the library's own path, while the start-up takes it
+        self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
         model_bytes = sum(slot.param.numel() * slot.param.element_size() for slot in slots)
         device = slots[0].param.device
         warm = self._observer(TuningWarmStart, backend, model_bytes, device) \
             if wants_warm_start(config, backend.size) and self._core not in _sized_cores else None
-        self._sizes = SizeSwitches(tuning=self._start_tuning(config, backend, model_bytes, warm),
-                                   planning=warm or self._start_plan(config, backend, model_bytes, device))
+        self._startup = Startup(self, StartupController(scheduling=config.scheduling,
+                                                        measures_paths=_measures_paths(config)),
+                                tuning=self._start_tuning(config, backend, model_bytes, warm),
+                                planning=warm or self._start_plan(config, backend, model_bytes, device))
         self._step_boundary()  # the opening sizes, before any CommTask exists
-        if not config.scheduling:  # as a plan that stays out: passing through, in the buckets it would fuse
-            fusion = None if backend.fuses_by_itself else _stay_out_bound(config, device, backend, model_bytes)
-            if fusion is not None:
-                self._fuse(fusion)
-            self._pass_through(SCHEDULING_OFF)
+        # Scheduling off: as a plan that stays out, passing through in the buckets it would fuse.
+        self._startup.opening(None if backend.fuses_by_itself else
+                              _stay_out_bound(config, device, backend, model_bytes))
         self._closed = False
-        self._sequenced = False  # this optimizer switched its Core to its buckets' sequence
         self._waiting_for_backward = False
         # Optimizer.__setstate__ is how the base class initialises its hook tables on an object
         # whose groups and state already exist (unpickling); ours are the wrapped optimizer's.
@@ -184,9 +181,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         optimizer's step."""
         self._check_open()
         result = self._scheduled_step(closure) if self._passing is None else self._passing.step(closure)
-        if self._trial is not None:
-            self._trial_boundary()
-        elif self._sizes.active or self._fusion_due():
+        if self._startup.active or self._fusion_due():
             self._step_boundary()
         if self._check is not None:
             self._check.after_step()
@@ -244,41 +239,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         raise NotImplementedError("add parameter groups to the optimizer before wrapping it in "
                                   "ScheduledOptimizer (and hvd.DistributedOptimizer)")
 
-    # -- bytesched's own --------------------------------------------------------------------
-    @property
-    def plan(self) -> PlanOutcome | None:
-        """The sizes the start-up plan chose and every rank applied, once it did."""
-        return self._sizes.plan
-
-    @property
-    def tuned_params(self) -> SchedulingParams | None:
-        """The partition and credit sizes tuning kept (the same on every rank), once it is over."""
-        return self._sizes.tuned
-
-    @property
-    def passes_through(self) -> bool:
-        """The plan stayed out of the way (or scheduling is off), and the library's own gradient
-        path runs (:mod:`.passthrough`)."""
-        return self._passing is not None
-
-    @property
-    def path_trial(self) -> TrialOutcome | None:
-        """What timing the Core's path against the library's own measured and kept, once a plan
-        that stayed out did so (``BYTESCHED_STAY_OUT_PATH``)."""
-        return self._trial_outcome
-
-    @property
-    def plan_trial(self) -> TrialOutcome | None:
-        """What timing the plan's sizes against staying out measured and kept, once a plan that
-        chose sizes did so (``BYTESCHED_PLAN_TRIAL``)."""
-        return self._sizes.trial_outcome
-
-    @property
-    def settled(self) -> bool:
-        """No start-up plan, tuning or path trial will change this optimizer's path or sizes any
-        more (every rank settles at the same step)."""
-        return not self._sizes.active and self._trial is None
-
+    # -- bytesched's own (and PathAdapter's plan, passes_through, settled, ...) ------------------
     @property
     def graph_pieces(self) -> list[int]:
         """How many pieces each graph compiled so far for the model's forward pass was split into
@@ -372,10 +333,9 @@ class ScheduledOptimizer(torch.optim.Optimizer):
                     model_bytes=model_bytes, drain=self._pipeline.wait_applied, **options)
 
     def _step_boundary(self) -> None:
-        """Step ``self._steps`` is about to begin: switch sizes (and fuse buckets) if the plan or
-        the ranks' tuning says so now; where the plan stays out, pass through or, over
-        torch.distributed, start the buckets in their agreed sequence; while the plan's sizes are
-        tried against staying out, pass through or come back to the Core when the trial says.
+        """Step ``self._steps`` is about to begin: apply what the start-up switches to now
+        (:mod:`bytesched.runtime.path`), and fuse this optimizer's buckets if its Core's plan chose
+        a bound they do not have yet.
 
         Called at the end of ``step()`` (and once at construction), when every CommTask of the
         step that ended has been enqueued (``release``/``reduce_all`` enqueue those backward
@@ -383,54 +343,49 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         backward pass, and ``set_params`` is an event the Core handles in order with the
         enqueues. So the same step's tasks are partitioned alike on every rank, in crossing and
         in barrier mode. A follower waits here (bounded) for a switch that is late."""
-        before = self._sizes.plan
-        params = self._sizes.on_step(self._steps, samples=self._samples_per_step, now=time.monotonic())
+        step = self._steps
         self._steps += 1
-        if params is not None:
-            self._core.set_params(params)
-        plan = self._sizes.plan if self._sizes.plan is not before else None  # applied at this boundary
-        if plan is not None and before is not None:  # the sized plan's trial switched paths
-            if plan.params == STAY_OUT:
-                if plan.fusion_bytes is not None and self._fusion_follows_plan:  # as a plan that stays out fuses
-                    self._fuse(plan.fusion_bytes)
-                self._pass_through("the plan's trial times staying out")
-            else:
-                self._return_to_core()
-                if self._pipeline.fused:  # the sizes' own buckets, as they were before the trial fused them
-                    self._pipeline.unfuse()
-            return
-        if plan is not None and plan.fusion_bytes is not None:
-            _planned_fusion[self._core] = plan.fusion_bytes
+        self._startup.on_step(step, samples=self._samples_per_step, now=time.monotonic())
         if self._fusion_due():
-            self._fuse(_planned_fusion[self._core])
-        if plan is None or plan.params != STAY_OUT:
+            self._fuse_buckets(_planned_fusion[self._core])
+
+    # -- the start-up's adapter (PathAdapter's hooks) -----------------------------------------
+    def _apply_sizes(self, params: SchedulingParams) -> None:
+        self._core.set_params(params)
+
+    def _switch_path(self, path: Path, reason: str) -> None:
+        if path is Path.PASS_THROUGH:
+            self._pass_through(reason)
+        elif self._passing is not None:
+            self._return_to_core()
+
+    def _may_pass_through(self) -> bool:
+        """Over a backend that needs one collective order on every rank, only an optimizer alone on
+        its Core (:meth:`_alone_on_core`)."""
+        return self._backend.order != "rank0" or self._alone_on_core()
+
+    def _sequences(self) -> bool:
+        """Over torch.distributed, an optimizer alone on its Core: the merged buckets' sequence."""
+        return self._core.order == "rank0" and self._alone_on_core()
+
+    def _fuse(self, fusion_bytes: float, temporary: bool) -> None:
+        if temporary:  # a plan trial's steps staying out, as a plan that stays out fuses
+            if self._fusion_follows_plan:
+                self._fuse_buckets(fusion_bytes)
             return
-        if plan.passes_through and (self._backend.order != "rank0" or self._alone_on_core()):
-            if not (self._measures_paths and plan.measured):
-                self._pass_through("the plan stayed out of the way")
-                return
-            self._trial = PathTrial()  # begins on the Core
-            self._trial.boundary(time.monotonic())
-        if self._core.order == "rank0" and self._alone_on_core():  # the merged buckets' sequence
-            self._core.start_in_sequence(self._pipeline.sequence())
-            self._sequenced = True
+        _planned_fusion[self._core] = fusion_bytes
+        if self._fusion_due():
+            self._fuse_buckets(fusion_bytes)
 
-    def _trial_boundary(self) -> None:
-        """A step boundary while the path trial runs: pass through once the Core's steps are
-        timed; once the library's are, keep the faster path (the same on every rank)."""
-        self._steps += 1
-        assert self._trial is not None
-        action = self._trial.boundary(time.monotonic())
-        if action == "pass_through":
-            self._pass_through("the path trial times the library's own path")
-        elif action == "decide":
-            trial, self._trial = self._trial, None
-            self._trial_outcome = outcome = trial.decide(self._gathered)
-            log.info("bytesched: the plan stayed out of the way; path trial: %s", outcome.summary)
-            if not outcome.passes_through:
-                self._return_to_core()
+    def _unfuse(self) -> None:
+        if self._pipeline.fused:  # the sizes' own buckets, as they were before the trial fused them
+            self._pipeline.unfuse()
 
-    def _gathered(self, medians: tuple[float, float]) -> list[list[float]]:
+    def _start_in_sequence(self) -> None:
+        self._core.start_in_sequence(self._pipeline.sequence())
+        self._sequenced = True
+
+    def _gather_medians(self, medians: tuple[float, float]) -> list[list[float]]:
         """Every rank's pair of medians (ms), gathered as microseconds (the backend gathers
         integers). Called with nothing in flight: the trial decides while passing through, whose
         step() waits for every collective."""
@@ -451,7 +406,7 @@ class ScheduledOptimizer(torch.optim.Optimizer):
         bound = self._pipeline.fusion_bytes
         return self._fusion_follows_plan and _planned_fusion.get(self._core, bound) != bound
 
-    def _fuse(self, fusion_bytes: float) -> None:
+    def _fuse_buckets(self, fusion_bytes: float) -> None:
         """Merge this optimizer's buckets into tasks filled to ``fusion_bytes``, once its updates have landed.
         Every rank does so at the same step: the plan's step for the optimizer that planned, the
         next one for others on the Core (every rank runs its optimizers' steps in the same order)."""
