@@ -95,7 +95,27 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "min_share_with_decoupled": min(r["decoupled_share"] for r in counted) if counted else None,
             "below_0.3": sum(s < 0.3 for s in shares),
             "min_plan_speedup": min(r["speedups"]["plan"] for r in rows),
-            "below_vanilla": sum(r["speedups"]["plan"] < 1.0 for r in rows)}
+            "below_vanilla": sum(r["speedups"]["plan"] < 1.0 for r in rows),
+            "median_share_by_stage": stage_shares(counted)}
+
+
+def stage_shares(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The median share over ``rows`` (scenarios with something to gain, those with a breakdown)
+    that each stage of the breakdown after the ideal reaches (``bytesched.sim.bound.STAGES``): the
+    achievable bound, then the best sizes of the wide grid with free messages, with the hop
+    latency, with θ too, and the plan's choice, each in the short simulation the plan searches
+    with. It says how much of the available gain each message cost leaves to any choice of sizes."""
+    broken_down = [r for r in rows if r["breakdown"]]
+    if not broken_down:
+        return {}
+    names = [stage["name"] for stage in broken_down[0]["breakdown"]["stages"]]
+    shares: dict[str, list[float]] = {name: [] for name in names[1:]}
+    for r in broken_down:
+        stages = r["breakdown"]["stages"]
+        vanilla = r["ideal"] * stages[0]["iteration_time"]  # the ideal speedup is vanilla over the ideal's time
+        for stage in stages[1:]:
+            shares[stage["name"]].append((vanilla / stage["iteration_time"] - 1) / (r["ideal"] - 1))
+    return {name: statistics.median(values) for name, values in shares.items()}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -139,6 +159,14 @@ def breakdown_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def stages_markdown(result_summary: dict[str, Any]) -> str:
+    """One line: the median share the counted scenarios reach at each stage of the breakdown."""
+    shares = result_summary.get("median_share_by_stage") or {}
+    return ("The median share of the same scenarios at each stage (the best sizes of the wide grid, in the plan's "
+            "short simulation): " + ", ".join(f"{name} {value:.2f}" for name, value in shares.items()) + "."
+            if shares else "")
+
+
 BEGIN = "<!-- scale:begin -->"
 END = "<!-- scale:end -->"
 
@@ -174,7 +202,7 @@ def docs_section(issue: dict[str, Any], held_out: dict[str, Any]) -> str:
         "sizes of a wide grid (125 KB to 32 MB partitions, 1 to 64 partitions of credit, and the plan's "
         "candidates) lose with free messages (and Horovod's cycle); *hop latency* and *per-message cost* what "
         "the cluster's latency and θ add to the best sizes; *plan's choice* what the plan's own choice adds to "
-        "that.", "", breakdown_markdown(issue), "",
+        "that.", "", breakdown_markdown(issue), "", stages_markdown(issue["summary"]), "",
         "The same on clusters no choice of the plan was made on (`--held-out`: 8, 32 and 128 workers on "
         "all-reduce, 4 and 16 on a parameter server, 10 and 40 Gbit/s):", "", markdown(held_out), END])
 
@@ -216,5 +244,5 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(markdown(result))
         if args.breakdown:
-            print("\n" + breakdown_markdown(result))
+            print("\n" + breakdown_markdown(result) + "\n\n" + stages_markdown(result["summary"]))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.scale import GRID, HELD_OUT, markdown, share, summary
+from benchmarks.scale import GRID, HELD_OUT, markdown, share, stages_markdown, summary
 
 
 def row(model: str, plan: float, ideal: float) -> dict[str, object]:
@@ -30,6 +30,18 @@ def test_summary_counts_only_scenarios_with_at_least_five_percent_to_gain() -> N
     table = markdown({"rows": rows, "summary": result})
     assert "| c | PS | 8 | 25 Gbit/s | 1.01x | 1.01x | - | 1.02x | 1.02x | - | 4 / 16 MB |" in table
     assert "Over the 3 of 4 scenarios" in table
+
+
+def test_the_breakdown_says_what_share_each_stage_reaches() -> None:
+    # Vanilla takes 15 ms where the ideal takes 10 (1.5x): a stage at 12 ms reaches half the gain.
+    stages = [("ideal", 0.010), ("achievable", 0.010), ("free messages", 0.012), ("plan", 0.015)]
+    broken_down = {**row("a", 1.0, 1.5), "breakdown": {
+        "stages": [{"name": name, "iteration_time": seconds} for name, seconds in stages], "gaps": []}}
+    result = summary([broken_down, row("b", 1.1, 1.2), row("c", 1.01, 1.02)])
+    assert result["median_share_by_stage"] == pytest.approx({"achievable": 1.0, "free messages": 0.5, "plan": 0.0})
+    assert stages_markdown(result).endswith(": achievable 1.00, free messages 0.50, plan 0.00.")
+    assert summary([row("b", 1.1, 1.2)])["median_share_by_stage"] == {}
+    assert stages_markdown(summary([row("b", 1.1, 1.2)])) == ""
 
 
 def test_the_held_out_clusters_share_no_worker_count_or_bandwidth_with_the_grid() -> None:
