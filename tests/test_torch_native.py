@@ -276,23 +276,22 @@ def until(condition: Callable[[], bool]) -> bool:
 
 
 def test_the_job_gets_the_core_it_can_have(one_rank_group: object, caplog: pytest.LogCaptureFixture) -> None:
-    """Off by default; with auto, bytescheduler and fifo on CPU gradients: native; other
-    policies, CUDA gradients or a backend that starts its pieces itself: the Python Core, with a
-    log line naming why (an error where BYTESCHED_NATIVE=on asked for native)."""
+    """bytescheduler and fifo on CPU gradients: native; other policies, CUDA gradients or a backend
+    that starts its pieces itself: the Python Core, with a log line naming why (an error where
+    BYTESCHED_NATIVE=on asked for native)."""
     share = lambda value: value  # noqa: E731 (one rank)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
 
     def core(config: Config, device: torch.device = cpu, **options: Any) -> Core:
         return make_core(config, dist.group.WORLD, device, share, **options, rank=0, order="rank0")
 
-    auto = {"BYTESCHED_NATIVE": "auto"}
-    native = core(from_env(auto))
+    native = core(from_env({}))
     assert isinstance(native, NativeCore)
-    assert type(core(from_env({}))) is Core  # off by default
+    assert type(core(from_env({"BYTESCHED_NATIVE": "off"}))) is Core
     with caplog.at_level(logging.INFO, logger="bytesched"):
-        assert type(core(from_env({**auto, "BYTESCHED_POLICY": "p3"}))) is Core
-        assert type(core(from_env(auto), cuda)) is Core
-        assert type(core(from_env(auto), own_start=True)) is Core
+        assert type(core(from_env({"BYTESCHED_POLICY": "p3"}))) is Core
+        assert type(core(from_env({}), cuda)) is Core
+        assert type(core(from_env({}), own_start=True)) is Core
     messages = [record.getMessage() for record in caplog.records]
     assert any("the p3 policy has no native Scheduler" in m for m in messages), messages
     assert any("the gradients live on cuda" in m for m in messages), messages
