@@ -55,13 +55,12 @@ from .provenance import command_line, revision
 
 FRAMEWORKS = ("mxnet", "torch", "torch-distributed", "mxnet-ps")
 MODES: dict[str, dict[str, str]] = {"plain": {}, "unfused": {"BYTESCHED_FUSION_BYTES": "1"}, "fused": {},
-                                   "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
-                                            "BYTESCHED_NATIVE": "auto"},
+                                   "core": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0"},
                                    "pycore": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
                                               "BYTESCHED_NATIVE": "off"},
                                    "off": {"BYTESCHED_POLICY": "off"},
                                    "batched": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
-                                               "BYTESCHED_BATCH_BYTES": "1MB", "BYTESCHED_NATIVE": "auto"},
+                                               "BYTESCHED_BATCH_BYTES": "1MB"},
                                    "pybatched": {"BYTESCHED_FUSION_BYTES": "1", "BYTESCHED_PLAN": "0",
                                                  "BYTESCHED_BATCH_BYTES": "1MB", "BYTESCHED_NATIVE": "off"}}
 """Each mode and the environment its job runs with, over the caller's."""

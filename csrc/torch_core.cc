@@ -11,7 +11,8 @@
 //                     goes to the Outbox
 //   update thread     Core.wait(...) returns it (the GIL released while it waits)
 //
-// No Python runs on the Core's thread or in the callbacks, and neither takes the GIL. The module
+// No Python runs on the Core's thread or in the callbacks, and neither takes the GIL: the tensors
+// they hold are the Core's own, over the plugin's memory (same_memory() says why). The module
 // also exposes the bare Scheduler, which tests/test_native_scheduler.py drives against the Python one.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -45,6 +46,18 @@ double monotonic() {
   clock_gettime(CLOCK_MONOTONIC, &now);
   return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
+
+// ``tensor``'s memory under a tensor of its own, as ``tensor.data`` in Python: it shares the storage
+// (which has a Python object only if Python code asked for it, ``untyped_storage()``) but neither
+// the TensorImpl nor the autograd metadata. Letting go of the last C++ reference to a
+// tensor that has a Python object takes the GIL (c10's intrusive_ptr hands the object back to
+// Python), and a thread that takes the GIL while the interpreter finalizes is ended by
+// pthread_exit, whose unwinding through a noexcept destructor aborts the process ("terminate called
+// without an active exception"). Gloo's worker threads let go of a collective's tensors when they
+// are done with it, which can be after the process began to exit; what they hold of a task is
+// therefore this tensor and its slices, never the plugin's tensor (docs/experiments/native-core.md,
+// "Exit").
+at::Tensor same_memory(const at::Tensor& tensor) { return at::Tensor(tensor.variable_data()); }
 
 struct Event {
   enum Kind : uint8_t { kEnqueue, kReady, kFinish, kParams, kAnnounce, kCall, kStop };
@@ -154,12 +167,13 @@ class TorchCore {
   }
 
   // -- the plugin's events (any thread)
-  void enqueue(int64_t id, std::string name, int64_t priority, at::Tensor wire, bool ready) {
+  // The Core holds ``wire``'s memory, not ``wire`` (same_memory()).
+  void enqueue(int64_t id, std::string name, int64_t priority, const at::Tensor& wire, bool ready) {
     Event event{Event::kEnqueue};
     event.id = id;
     event.text = std::move(name);
     event.priority = priority;
-    event.tensor = std::move(wire);
+    event.tensor = same_memory(wire);
     event.ready = ready;
     posted_enqueues_.fetch_add(1, std::memory_order_relaxed);
     inbox_->post(std::move(event));

@@ -241,6 +241,30 @@ def test_what_the_stall_check_reads_and_what_stopping_and_failing_leave(
     leader.shutdown(0.2)
 
 
+def test_no_thread_outside_python_holds_the_plugins_tensors(groups: list[dist.ProcessGroup]) -> None:
+    """The Core's thread and Gloo's threads hold tensors of the Core's own over a task's memory,
+    never the plugin's tensor: letting go of the last C++ reference to a tensor with a Python
+    object takes the GIL, which a thread outside Python cannot do once the interpreter finalizes
+    (Gloo lets go of a collective's tensors when it is done with it; at exit that aborted the
+    process). A tensor waiting in the follower's Core for rank 0's order, and one whose all-reduce
+    is in flight on rank 0, keep the reference count they had before they were enqueued."""
+    cores = native_cores(groups, SchedulingParams(partition_bytes=8, credit_bytes=64))
+    leader, follower = cores
+    in_flight = WireTask("in flight", 0, torch.ones(4))
+    waiting = WireTask("waiting", 1, torch.ones(4))
+    before = (in_flight.wire._use_count(), waiting.wire._use_count())
+    try:
+        follower.enqueue(waiting, ready=True)
+        leader.enqueue(in_flight, ready=True)
+        assert until(lambda: "'in flight' partition" in leader.describe_waiting())
+        assert until(lambda: follower.describe_waiting() == "tensor 'waiting' (ready, not started yet)")
+        assert (in_flight.wire._use_count(), waiting.wire._use_count()) == before
+    finally:
+        groups[1].allreduce([torch.zeros(2)]).wait()  # each piece rank 0 started, so Gloo is idle again
+        groups[1].allreduce([torch.zeros(2)]).wait()
+        on_ranks(2, lambda rank: cores[rank].shutdown(0.2))
+
+
 def until(condition: Callable[[], bool]) -> bool:
     """Poll ``condition`` until it holds (True) or the test's timeout passed (False)."""
     deadline = time.monotonic() + TIMEOUT_S
@@ -252,23 +276,22 @@ def until(condition: Callable[[], bool]) -> bool:
 
 
 def test_the_job_gets_the_core_it_can_have(one_rank_group: object, caplog: pytest.LogCaptureFixture) -> None:
-    """Off by default; with auto, bytescheduler and fifo on CPU gradients: native; other
-    policies, CUDA gradients or a backend that starts its pieces itself: the Python Core, with a
-    log line naming why (an error where BYTESCHED_NATIVE=on asked for native)."""
+    """bytescheduler and fifo on CPU gradients: native; other policies, CUDA gradients or a backend
+    that starts its pieces itself: the Python Core, with a log line naming why (an error where
+    BYTESCHED_NATIVE=on asked for native)."""
     share = lambda value: value  # noqa: E731 (one rank)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
 
     def core(config: Config, device: torch.device = cpu, **options: Any) -> Core:
         return make_core(config, dist.group.WORLD, device, share, **options, rank=0, order="rank0")
 
-    auto = {"BYTESCHED_NATIVE": "auto"}
-    native = core(from_env(auto))
+    native = core(from_env({}))
     assert isinstance(native, NativeCore)
-    assert type(core(from_env({}))) is Core  # off by default
+    assert type(core(from_env({"BYTESCHED_NATIVE": "off"}))) is Core
     with caplog.at_level(logging.INFO, logger="bytesched"):
-        assert type(core(from_env({**auto, "BYTESCHED_POLICY": "p3"}))) is Core
-        assert type(core(from_env(auto), cuda)) is Core
-        assert type(core(from_env(auto), own_start=True)) is Core
+        assert type(core(from_env({"BYTESCHED_POLICY": "p3"}))) is Core
+        assert type(core(from_env({}), cuda)) is Core
+        assert type(core(from_env({}), own_start=True)) is Core
     messages = [record.getMessage() for record in caplog.records]
     assert any("the p3 policy has no native Scheduler" in m for m in messages), messages
     assert any("the gradients live on cuda" in m for m in messages), messages

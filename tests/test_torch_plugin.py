@@ -190,7 +190,7 @@ def test_horovod_three_ranks_within_tolerance(hvd3: Launch) -> None:
 @pytest.mark.timeout(480)
 def test_distributed_bit_identical_for_every_optimizer_and_policy(dist2: Launch) -> None:
     """Followers obey rank 0's order: the same bits as a hand-written all-reduce, on the native
-    Core (``BYTESCHED_NATIVE=auto``, for the policies it implements) and on the Python Core."""
+    Core (the default for the policies it implements) and on the Python Core."""
     dist2.check(matrix_names() + ["core/auto", "core/off"]
                 + [f"python/{opt}/{policy}/split" for opt in ("sgd", "adam") for policy in NATIVE_POLICIES])
 

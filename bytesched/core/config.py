@@ -172,12 +172,10 @@ class Config:
     path and the framework's own (:mod:`bytesched.runtime.path_trial`): ``measure`` times both,
     ``predict`` follows the plan's prediction (on a GPU: always the framework's), ``auto`` (the
     default) measures."""
-    native: str = "off"
+    native: str = "auto"
     """Where the PyTorch plugin's hot path over torch.distributed runs (``BYTESCHED_NATIVE``):
     ``auto`` natively wherever it can (CPU gradients, a policy in :data:`NATIVE_POLICIES`),
-    ``on`` natively or an error naming why not, ``off`` (the default) through the Python Core:
-    a job on the native Core can abort at the interpreter's exit, after its training ended
-    (docs/experiments/native-core.md, "Known issue")."""
+    ``on`` natively or an error naming why not, ``off`` through the Python Core."""
     scheduling: bool = True
     """False (``BYTESCHED_POLICY=off``): every plugin hands its gradients to the framework's own
     path from the first step, as after a start-up plan that stays out and passes through, so a job
@@ -399,12 +397,11 @@ VARIABLES: tuple[Variable, ...] = (
              "all-reduce, and the faster is kept on every rank (the Core only when faster by 2 %); predict: "
              "the framework's own unless sizes were predicted to gain 2 % (on a GPU, always the framework's); "
              "auto: measure."),
-    Variable("BYTESCHED_NATIVE", "native", _choice(NATIVE_MODES), "off",
+    Variable("BYTESCHED_NATIVE", "native", _choice(NATIVE_MODES), "auto",
              "The PyTorch plugin over torch.distributed: auto: the Core's per-piece work (ready queue, credit, "
              "partitions, each piece's all-reduce and its completion, rank 0's order to the others) runs in C++ "
              "where it can (gradients on the CPU, the bytescheduler or fifo policy), else in the Python Core, "
-             "which the log says; on: in C++ or an error naming why it cannot; off: in the Python Core (the "
-             "default while a job on the native Core can abort at exit, after training)."),
+             "which the log says; on: in C++ or an error naming why it cannot; off: in the Python Core."),
     Variable("BYTESCHED_TUNING", "tuning", _flag, "0",
              "1: rank 0 auto-tunes partition and credit sizes by Bayesian optimisation and broadcasts "
              "them (docs/tuning.md); 0: the fixed BYTESCHED_PARTITION_BYTES / BYTESCHED_CREDIT_BYTES apply."),

@@ -15,7 +15,6 @@ check (see torch_harness.Reporter).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -88,9 +87,6 @@ def main() -> None:
     flavor = DistributedFlavor()
     torch.set_num_threads(1)
     report = Reporter(flavor.rank)
-    # The native Core (off by default) for the policies it implements, the Python Core for the
-    # others; both_cores and the batching cases name their Core themselves.
-    os.environ.setdefault("BYTESCHED_NATIVE", "auto")
     matrix(report, flavor, ["sgd", "adam", "adamw", "rmsprop"], POLICIES, 0.0)
     both_cores(report, flavor, ("sgd", "adam"))
     tied_weights(report, flavor, ("sgd", "adam"), 0.0)

@@ -341,9 +341,9 @@ def native_setting(value: str) -> Iterator[None]:
 
 
 def both_cores(report: Reporter, flavor: Flavor, optimizers: tuple[str, ...]) -> None:
-    """Over torch.distributed on the CPU the native Core (``BYTESCHED_NATIVE=auto``) schedules the
-    native policies (the matrix ran it); the Python Core (``BYTESCHED_NATIVE=off``, the default)
-    gives the same bits too. Each setting makes the Core it names."""
+    """Over torch.distributed on the CPU the native Core schedules the native policies by default
+    (the matrix ran it); the Python Core (``BYTESCHED_NATIVE=off``) gives the same bits too. Each
+    setting makes the Core it names."""
     for setting, kind in (("auto", "NativeCore"), ("off", "Core")):
         name = f"core/{setting}"
 
