@@ -532,6 +532,26 @@ def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
     assert margins == [margin]
 
 
+@pytest.mark.parametrize("fuses_submitted, threshold", [(True, 128 * 2**20), (False, 0)])
+def test_the_plan_simulates_the_fusion_of_the_backend_it_runs_on(fuses_submitted: bool, threshold: float,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over Horovod, whose cycle fuses what is submitted together, the plan's cluster fuses too;
+    over torch.distributed, where every partition is a collective of its own, it fuses nothing."""
+    import bytesched.runtime.startup_plan as plan_module
+
+    clusters: list[Any] = []
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through: clusters.append(cluster)
+                        or make_plan(profile, cluster, margin, through))
+    core = RecordingCore()
+    plan = StartupPlan(core, BroadcastingRanks(0), _timed(0.0002, 0.004), arch="allreduce", model_bytes=32_000_000,
+                       drain=lambda: None, fuses_submitted=fuses_submitted)
+    plan.on_step(0)
+    plan.on_step(1)
+    _observed_step(core)
+    plan.on_step(2)
+    assert [cluster.fusion_threshold for cluster in clusters] == [threshold]
+
+
 def test_the_plan_row_keeps_the_framework_path_where_the_runtime_times_it() -> None:
     """A parameter server's plan is tried against passing through, so the simulated plan row is never
     slower than vanilla there, even where every size the plan weighs is (ResNet50 on 4 GPU-class

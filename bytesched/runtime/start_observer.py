@@ -75,10 +75,15 @@ class StartObserver:
         drain: blocks until every communication and update already released has landed.
         servers, bigarray_bound: a parameter-server job's servers and MXNet's big-array bound
             (elements): where the timed float32 operation and the model's keys are placed.
+        fuses_submitted: the all-reduce backend fuses what is submitted together (Horovod's
+            cycle); False (torch.distributed): every task and partition is a collective of its
+            own, and the simulated cluster fuses nothing either, or it would credit sizes with
+            Horovod's fusion (docs/experiments/torch-distributed.md, "The plan's cluster").
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
-                 drain: Callable[[], object], servers: int | None = None, bigarray_bound: int | None = None) -> None:
+                 drain: Callable[[], object], servers: int | None = None, bigarray_bound: int | None = None,
+                 fuses_submitted: bool = True) -> None:
         self._core = core
         self._ranks = ranks
         self._operation = operation
@@ -89,6 +94,7 @@ class StartObserver:
         self._large_bytes = large_bytes_for(model_bytes)
         self._model_bytes = model_bytes
         self._drain = drain
+        self._fuses_submitted = fuses_submitted
         self._recorder = StepRecorder()
         self._observed_from: float | None = None
 
@@ -164,6 +170,8 @@ class StartObserver:
         striped = not self._ps_options or self._large_bytes // 4 >= self._ps_options["bigarray_bound"]
         options: dict[str, Any] = network.simulator_options(self._arch, self._ranks.size,
                                                             self._ps_options.get("servers"), striped)
+        if not self._fuses_submitted:
+            options["fusion_threshold"] = 0
         cluster = make_cluster(arch=self._arch, workers=self._ranks.size, bucket_bytes=0, **options, **self._ps_options)
         return ObservedJob(len(tasks), profile, cluster, network)
 

@@ -132,8 +132,8 @@ class StartupPlan(StartObserver):
     apply what it returns before the step's first CommTask.
 
     Args:
-        core, ranks, operation, arch, model_bytes, drain, servers, bigarray_bound: what the
-            observation needs (:class:`~.start_observer.StartObserver`).
+        core, ranks, operation, arch, model_bytes, drain, servers, bigarray_bound,
+            fuses_submitted: what the observation needs (:class:`~.start_observer.StartObserver`).
         stay_out_bound: the fusion bound a plan that stays out of the way gives the plugin
             (:func:`stay_out_fusion`: a plugin that fuses gradients into tasks and can re-fuse
             them at the plan's step); None: the plugin keeps its tasks.
@@ -154,9 +154,9 @@ class StartupPlan(StartObserver):
                  drain: Callable[[], None], servers: int | None = None,
                  bigarray_bound: int | None = None, stay_out_bound: int | None = None,
                  pass_through_margin: float = PASS_THROUGH_MARGIN, tries_sizes: bool = False,
-                 weighs_fusion: bool = False, batches: bool = False) -> None:
+                 weighs_fusion: bool = False, batches: bool = False, fuses_submitted: bool = True) -> None:
         super().__init__(core, ranks, operation, arch=arch, model_bytes=model_bytes, drain=drain,
-                         servers=servers, bigarray_bound=bigarray_bound)
+                         servers=servers, bigarray_bound=bigarray_bound, fuses_submitted=fuses_submitted)
         self._batches = batches
         self._stay_out_bound = stay_out_bound
         self._pass_through_margin = pass_through_margin

@@ -330,7 +330,8 @@ class ScheduledOptimizer(torch.optim.Optimizer, PathAdapter):
         """A start-up plan or tuning warm start observing this optimizer's steps, timing the
         backend's all-reduce on ``device``."""
         return kind(self._core, backend, lambda nbytes: backend.operation(nbytes, device), arch="allreduce",
-                    model_bytes=model_bytes, drain=self._pipeline.wait_applied, **options)
+                    model_bytes=model_bytes, drain=self._pipeline.wait_applied,
+                    fuses_submitted=backend.fuses_by_itself, **options)
 
     def _step_boundary(self) -> None:
         """Step ``self._steps`` is about to begin: apply what the start-up switches to now
