@@ -39,7 +39,7 @@ def test_scheduling_off_opens_passing_through_and_never_switches() -> None:
     controller = StartupController(scheduling=False)
     assert controller.opening(stay_out_fusion=4e6) == Switch(0, fusion_bytes=4e6, path=Path.PASS_THROUGH,
                                                              reason=SCHEDULING_OFF)
-    assert controller.path is Path.PASS_THROUGH and controller.settled and controller.step(1, 0.0) is None
+    assert controller.path is Path.PASS_THROUGH and not controller.in_trial and controller.step(1, 0.0) is None
     with pytest.raises(RuntimeError, match="got a plan while settled"):
         planned(controller, SIZED)
     assert StartupController().opening(stay_out_fusion=4e6) is None
@@ -48,14 +48,14 @@ def test_scheduling_off_opens_passing_through_and_never_switches() -> None:
 def test_sizes_are_run_on_the_core_at_once_where_they_are_not_tried() -> None:
     controller = StartupController()
     assert planned(controller, SIZED) == Switch(PLAN_STEP, SIZES, path=Path.CORE)
-    assert controller.settled and controller.plan == SIZED and controller.step(3, 1.0) is None
+    assert not controller.in_trial and controller.plan == SIZED and controller.step(3, 1.0) is None
 
 
 @pytest.mark.parametrize("sized_ms, kept", [(80.0, True), (100.0 * (1 - CORE_MARGIN), False)])
 def test_tried_sizes_stay_out_after_their_steps_and_come_back_only_if_faster(sized_ms: float, kept: bool) -> None:
     controller = StartupController()
     assert planned(controller, SIZED, tries_sizes=True) == Switch(PLAN_STEP, SIZES, path=Path.CORE)
-    assert controller.in_trial and not controller.settled and not controller.gathers_slowest
+    assert controller.in_trial and not controller.gathers_slowest
     switches = steps_until_medians(controller)
     out = PLAN_STEP + TRIAL_STEPS
     assert switches[TRIAL_STEPS - 1] == Switch(out, STAY_OUT, trial_fusion_bytes=6e6, path=Path.PASS_THROUGH,
@@ -65,7 +65,7 @@ def test_tried_sizes_stay_out_after_their_steps_and_come_back_only_if_faster(siz
                                           fusion_bytes=6e6, passes_through=True)
     assert controller.path is Path.PASS_THROUGH
     switch = controller.decided(TRIAL_END, [[sized_ms, 100.0]])
-    assert controller.settled and controller.plan_trial is not None
+    assert not controller.in_trial and controller.plan_trial is not None
     assert controller.plan_trial.passes_through is not kept
     if kept:
         assert switch == Switch(TRIAL_END, SIZES, path=Path.CORE, unfuse=True,
@@ -84,14 +84,14 @@ def test_a_trial_whose_medians_could_not_be_gathered_stays_passing_through() -> 
     controller.undecided("the broadcast failed")
     outcome = controller.plan_trial
     assert outcome is not None and outcome.passes_through and outcome.reason == "the broadcast failed"
-    assert outcome.core_ms == pytest.approx(10.0) and controller.path is Path.PASS_THROUGH and controller.settled
+    assert outcome.core_ms == pytest.approx(10.0) and controller.path is Path.PASS_THROUGH and not controller.in_trial
 
 
 def test_staying_out_passes_through_where_the_plan_says_and_the_plugin_can() -> None:
     controller = StartupController()
     assert planned(controller, STAYS_OUT) == Switch(PLAN_STEP, STAY_OUT, fusion_bytes=8e6, path=Path.PASS_THROUGH,
                                                     reason="the plan stayed out of the way")
-    assert controller.path is Path.PASS_THROUGH and controller.settled
+    assert controller.path is Path.PASS_THROUGH and not controller.in_trial
 
 
 @pytest.mark.parametrize("plan, passes_whenever_out, may_pass_through", [
@@ -103,7 +103,7 @@ def test_staying_out_on_the_core_starts_the_sequence_where_asked(plan: PlanOutco
     controller = StartupController(passes_whenever_out=passes_whenever_out)
     switch = planned(controller, plan, may_pass_through=may_pass_through, sequences=True)
     assert switch == Switch(PLAN_STEP, STAY_OUT, fusion_bytes=8e6, sequence=True)
-    assert controller.path is Path.CORE and controller.settled
+    assert controller.path is Path.CORE and not controller.in_trial
 
 
 def test_mxnet_passes_through_wherever_the_plan_stays_out() -> None:
@@ -124,7 +124,7 @@ def test_a_path_trial_begins_on_the_core_and_the_slowest_rank_decides(core_ms: f
     assert controller.medians() == pytest.approx((10.0, 10.0))
     switch = controller.decided(TRIAL_END, [[5.0, 20.0], [core_ms, 20.0]])
     assert controller.path_trial is not None and controller.path_trial.core_ms == core_ms
-    assert (switch is not None) is kept and controller.settled
+    assert (switch is not None) is kept and not controller.in_trial
     assert controller.path is (Path.CORE if kept else Path.PASS_THROUGH)
     assert controller.plan == STAYS_OUT and controller.plan_trial is None
 
@@ -132,7 +132,7 @@ def test_a_path_trial_begins_on_the_core_and_the_slowest_rank_decides(core_ms: f
 def test_nothing_measured_passes_through_without_a_path_trial() -> None:
     controller = StartupController(measures_paths=True)
     switch = planned(controller, dataclasses.replace(STAYS_OUT, measured=False))
-    assert switch.path is Path.PASS_THROUGH and controller.settled
+    assert switch.path is Path.PASS_THROUGH and not controller.in_trial
 
 
 def test_events_out_of_order_are_refused() -> None:
@@ -188,7 +188,7 @@ def test_every_order_of_events_keeps_the_answers_consistent(sized: bool, tries_s
             if step == sets_sizes_at:
                 controller.sizes_set()
                 plugin.apply(Switch(step, SIZES, path=Path.CORE), step)
-            was_settled = controller.settled
+            was_settled = not controller.in_trial
             switch = controller.step(step, now=step * (0.01 if step <= PLAN_STEP + TRIAL_STEPS else 0.02))
             assert not (was_settled and switch is not None)
             plugin.apply(switch, step)
@@ -198,7 +198,7 @@ def test_every_order_of_events_keeps_the_answers_consistent(sized: bool, tries_s
                 else:
                     plugin.apply(controller.decided(step, [[10.0 if result == "faster" else 30.0, 20.0]]), step)
             assert plugin.path is controller.path and not controller.wants_medians
-            assert controller.settled or step < TRIAL_END
+            assert not controller.in_trial or step < TRIAL_END
         if sets_sizes_at is not None:
             assert controller.path is Path.CORE and plugin.params == SIZES
             if sets_sizes_at <= TRIAL_END:  # the trial ended without an outcome

@@ -112,14 +112,9 @@ class StartupController:
 
     # -- what the plugin reads ---------------------------------------------------------------------
     @property
-    def settled(self) -> bool:
-        """No trial will switch anything any more (the plan may still be coming: see
-        :attr:`~.startup.Startup.settled`)."""
-        return self._phase in (_Phase.STARTING, _Phase.SETTLED)
-
-    @property
     def in_trial(self) -> bool:
-        """A trial times the coming steps."""
+        """A trial times the coming steps (else no trial will switch anything, though the plan may
+        still be coming: :attr:`~.startup.Startup.active`)."""
         return self._phase in (_Phase.PLAN_TRIAL, _Phase.PATH_TRIAL)
 
     @property

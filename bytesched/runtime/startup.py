@@ -191,7 +191,7 @@ class Startup:
     @property
     def active(self) -> bool:
         """A plan, a trial or a tuning session still has a step boundary to hear of."""
-        return self.planning is not None or self.tuning is not None or not self.controller.settled
+        return self.planning is not None or self.tuning is not None or self.controller.in_trial
 
     @property
     def times_steps(self) -> bool:
