@@ -324,8 +324,9 @@ def _worker_main() -> int:
     if args.framework == "torch-distributed":
         # After destroy_process_group a rank can still abort in the interpreter's teardown, where
         # Gloo's threads end ("terminate called without an active exception": a DDP job, once in
-        # 30 torch.distributed jobs on 4 ranks). Every rank left the process group together and rank 0
-        # printed its measurement, so the process ends without that teardown.
+        # 30 torch.distributed jobs on 4 ranks; PyTorch keeps the group alive once TorchDynamo is
+        # imported after it, docs/experiments/exit-abort.md). Every rank left the process group
+        # together and rank 0 printed its measurement, so the process ends without that teardown.
         sys.stderr.flush()
         os._exit(0)
     return 0

@@ -79,9 +79,14 @@ def main() -> None:
     parser.add_argument("--bytesched", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    torch.manual_seed(42)  # the same initial weights on every rank
+    # Compiled before the process group exists: with PyTorch 2.13, importing TorchDynamo (which
+    # torch.compile does) once the default group exists keeps that group alive past
+    # destroy_process_group(), and its Gloo threads can then abort the process at exit
+    # (docs/troubleshooting.md, "A torchrun job aborts at exit").
+    model = torch.compile(Net())
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(42)  # the same initial weights on every rank
 
     samples = args.steps_per_epoch * args.accumulate * args.batch_size * world
     train_set, test_set = TensorDataset(*cifar_like(samples, seed=1)), TensorDataset(*cifar_like(1000, seed=2))
@@ -90,7 +95,6 @@ def main() -> None:
     test_loader = DataLoader(test_set, batch_size=200,
                              sampler=DistributedSampler(test_set, num_replicas=world, rank=rank, shuffle=False))
 
-    model = torch.compile(Net())
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     model, optimizer = distribute(model, optimizer, args)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * args.steps_per_epoch)
@@ -114,9 +118,8 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch + 1}: loss {total / args.steps_per_epoch:.6f}, test accuracy {accuracy:.2%}",
                   flush=True)
-    # The model and optimizer go before the process group: a DDP-wrapped compiled model still alive
-    # when its group is destroyed, or when the interpreter exits, can abort the process
-    # ("terminate called without an active exception", torch 2.13 with Gloo).
+    # The model and optimizer go first: DDP holds the process group, and destroy_process_group()
+    # stops the group's threads only once nothing holds it (see the comment on torch.compile).
     del model, optimizer, scheduler
     dist.destroy_process_group()
 

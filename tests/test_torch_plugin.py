@@ -203,6 +203,14 @@ def test_distributed_tied_habits_checkpoint_and_eval(dist2: Launch) -> None:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(480)
+def test_distributed_own_all_reduce_right_after_step_meets_no_gradient(dist2: Launch) -> None:
+    """The script's all-reduce on the default group right after step(), while gradients are in
+    flight: exact sums and the same bits (bytesched reduces in a group of its own)."""
+    dist2.check(["loop/all_reduce_after_step", "loop/all_reduce_after_step/sums"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(480)
 def test_distributed_passes_through_once_the_plan_stays_out(dist2: Launch) -> None:
     """A plan that stays out all-reduces the buckets from backward's hooks in one order on every
     rank from its step on: the same bits as the hand-written all-reduce under every loop habit (with

@@ -6,7 +6,8 @@ the policies it implements (the default on the CPU), the Python Core the others,
 again on the Python Core. Two ranks, so sums are exact and results must be bit-identical: every
 optimizer x every policy with partitions that split tensors (and every policy with its default
 partition for SGD); tied
-weights; backward_passes_per_step; training-loop habits and barrier mode; checkpoint round trip;
+weights; backward_passes_per_step; training-loop habits and barrier mode; the script's own all-reduce
+right after step(); checkpoint round trip;
 the same loop habits once a start-up plan stays out and the buckets are all-reduced from backward's
 hooks (and clipping without synchronize() then still fails with the way out); eval; then 50
 seeded runs with randomly delayed backward passes (torch_deadlock). Prints one ``CASE`` line per
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from bytesched.core import SchedulingParams, get_core
 from bytesched.core.config import POLICIES
@@ -43,6 +45,26 @@ def clip_while_passing(report: Reporter, flavor: DistributedFlavor) -> None:
                       f"message={str(error)[:160]!r}")
     else:
         report.result("pass/clip_without_synchronize", False, "no BarrierCrossingError raised")
+
+
+def own_collectives(report: Reporter, flavor: DistributedFlavor) -> None:
+    """The script's own all-reduce on the default group right after every step() (no
+    synchronize()), while gradients are still in flight: its sums are exact and training is
+    unchanged (bytesched reduces in a group of its own)."""
+    sums: list[torch.Tensor] = []
+
+    def epoch_loss(model: torch.nn.Module, optimizer: Any) -> None:
+        mine = torch.full((1000,), float(flavor.rank + 1) * (len(sums) + 1))
+        dist.all_reduce(mine)
+        sums.append(mine)
+
+    name = "loop/all_reduce_after_step"
+    report.same(name, run_baseline(flavor, "cnn", "sgd", after=epoch_loss),
+                run_scheduled(flavor, "cnn", "sgd", SPLIT, after=epoch_loss))
+    ranks = dist.get_world_size()
+    expected = [torch.full((1000,), float(ranks * (ranks + 1) // 2 * (i + 1))) for i in range(len(sums))]
+    report.result(f"{name}/sums", all(torch.equal(a, b) for a, b in zip(sums, expected)),
+                  f"steps={len(sums)}")
 
 
 BATCHED = SchedulingParams(partition_bytes=4000, credit_bytes=16000, batch_bytes=8000)
@@ -95,6 +117,7 @@ def main() -> None:
         name, run_baseline(flavor, "cnn", "sgd", passes=2),
         run_scheduled(flavor, "cnn", "sgd", SPLIT, options=dict(backward_passes_per_step=2), passes=2)))
     loop_habits(report, flavor)
+    report.run("loop/all_reduce_after_step", lambda: own_collectives(report, flavor))
     passing_through(report, flavor)
     report.run("pass/clip_without_synchronize", lambda: clip_while_passing(report, flavor))
     checkpoint(report, flavor)

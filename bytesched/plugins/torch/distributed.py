@@ -7,10 +7,17 @@ collective's future (``Work.get_future().then``), a real callback, so nothing wa
 CUDA the callback runs on streams that wait for the collective's kernels, which is where the
 task's completion mark is recorded (:mod:`.streams`).
 Gradients are summed and then divided by the number of ranks, i.e. averaged as DDP does.
+
+Without ``process_group=``, the gradients travel in a process group of bytesched's own over the
+same ranks (:func:`own_group`), not in the default group the script uses: since ``step()`` returns
+while gradients are still in flight, a collective the script issues right after it (an epoch's
+loss averaged over the ranks) would otherwise be matched with a gradient's on another rank
+(docs/plugins/torch.md, "Your own collectives").
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -34,8 +41,24 @@ if TYPE_CHECKING:
 CPU = torch.device("cpu")
 """Where gradients live unless the backend is told otherwise."""
 
+_own_groups: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+"""bytesched's group for each default group (a new one after the job re-initialises torch.distributed)."""
+
+
+def own_group() -> Any:
+    """bytesched's process group over every rank, created once per default group: every rank
+    makes its first ScheduledOptimizer at the same point of the same script, so every rank calls
+    ``new_group`` in the same order, as c10d requires."""
+    world = dist.group.WORLD
+    group = _own_groups.get(world)
+    if group is None:
+        group = _own_groups[world] = dist.new_group()
+    return group
+
+
 class DistributedBackend(Backend):
-    """All-reduce over a torch.distributed process group (the default group unless given)."""
+    """All-reduce over a torch.distributed process group: ``group``, or bytesched's own over every
+    rank (:func:`own_group`)."""
 
     name = "torch.distributed"
     order = "rank0"
@@ -43,7 +66,7 @@ class DistributedBackend(Backend):
     batches = True
 
     def __init__(self, group: Any = None, device: torch.device = CPU) -> None:
-        self._group = group
+        self._group = group if group is not None else own_group()
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.device = device
@@ -62,7 +85,7 @@ class DistributedBackend(Backend):
         """The job's Core: native where it can be (:func:`.native.make_core`), unless a subclass
         starts the pieces its own way (:meth:`start`), which only the Python Core calls."""
         from .native import make_core
-        return make_core(config, self._group if self._group is not None else dist.group.WORLD, self.device,
+        return make_core(config, self._group, self.device,
                          self.broadcast_int, own_start=type(self).start is not DistributedBackend.start, **kwargs)
 
     def barrier(self) -> None:
