@@ -67,8 +67,8 @@ class DistributedBackend(Backend):
 
     def __init__(self, group: Any = None, device: torch.device = CPU) -> None:
         self._group = group if group is not None else own_group()
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(self._group)
+        self.size = dist.get_world_size(self._group)
         self.device = device
         """Where the gradients live (the native Core runs on CPU tensors)."""
         self._batchers: dict[tuple[torch.dtype, torch.device], GradientBatcher] = {}
