@@ -33,7 +33,7 @@ def test_summary_counts_only_scenarios_with_at_least_five_percent_to_gain() -> N
 
 
 def test_the_breakdown_says_what_share_each_stage_reaches() -> None:
-    # Vanilla takes 15 ms where the ideal takes 10 (1.5x): a stage at 12 ms reaches half the gain.
+    # Vanilla takes 15 ms where the ideal takes 10: a stage at 12 ms reaches half the gain.
     stages = [("ideal", 0.010), ("achievable", 0.010), ("free messages", 0.012), ("plan", 0.015)]
     broken_down = {**row("a", 1.0, 1.5), "breakdown": {
         "stages": [{"name": name, "iteration_time": seconds} for name, seconds in stages], "gaps": []}}
