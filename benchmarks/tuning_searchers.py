@@ -8,7 +8,7 @@ interface: ``ask()`` the next point, ``tell(point, throughput)`` what it measure
   first cell (the grid search of the paper "splits each dimension by interval and tests grid
   points one by one"; the random start is what makes its cost vary between seeds).
 - :class:`MomentumSearch`: gradient ascent with momentum on the log-scaled lattice, gradients by
-  forward differences (two extra trials per step), restarted from a random point when stuck
+  forward differences (one extra trial per dimension and step), restarted from a random point when stuck
   (the paper: "we randomly choose an initial point and restart the algorithm in case that it is
   stuck in a local optimum").
 """
@@ -101,22 +101,22 @@ class MomentumSearch:
     def _steps(self) -> Generator[Point, float, None]:
         upper = np.array(self.space.shape) - 1
         while True:  # one restart per iteration
-            if len(self._known) == self.space.shape[0] * self.space.shape[1]:
+            if len(self._known) == int(np.prod(self.space.shape)):
                 return  # every lattice point was measured
             x = self._rng.uniform(0, upper)
-            velocity = np.zeros(2)
+            velocity = np.zeros(len(upper))
             visited: set[Point] = set()
             still = 0
             while still < self.patience:
                 here = self._round(x, upper)
                 visited.add(here)
                 value = yield from self._measure(here)
-                gradient = np.zeros(2)
-                for dim in range(2):
+                gradient = np.zeros(len(upper))
+                for dim in range(len(upper)):
                     step = 1 if here[dim] < upper[dim] else -1
                     there = list(here)
                     there[dim] += step
-                    other = yield from self._measure((there[0], there[1]))
+                    other = yield from self._measure(tuple(there))
                     gradient[dim] = step * (other - value) / value
                 velocity = self.momentum * velocity + self.rate * gradient
                 x = np.clip(x + velocity, 0, upper)
@@ -124,8 +124,7 @@ class MomentumSearch:
 
     @staticmethod
     def _round(x: np.ndarray, upper: np.ndarray) -> Point:
-        i, j = np.clip(np.rint(x), 0, upper).astype(int)
-        return int(i), int(j)
+        return tuple(int(v) for v in np.clip(np.rint(x), 0, upper).astype(int))
 
 
 class BOSearch:

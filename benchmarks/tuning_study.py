@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bytesched.core.config import format_size
-from bytesched.tuning.search import MIN_GAIN, MIN_TRIALS, XI, BayesianSearch
+from bytesched.tuning.search import MIN_GAIN, MIN_TRIALS, MIN_TRIALS_PER_KNOB, XI, BayesianSearch
 from bytesched.tuning.space import Point, SearchSpace, space_for
 from bytesched.tuning.predicted_points import GRID_STRIDE, best_points, predicted_throughput
 
@@ -73,21 +73,29 @@ MIS_ESTIMATES = (MisEstimate(bandwidth=0.75, overhead=2.0, compute=1.15),
 
 @dataclass(frozen=True)
 class Scenario:
-    """A model and an architecture on the simulator's default cluster at one bandwidth."""
+    """A model and an architecture on the simulator's default cluster at one bandwidth; with
+    ``batches``, an all-reduce over torch.distributed (every collective alone, no fusion cycle),
+    whose tuner searches the batching threshold too."""
 
     model: str
     arch: str
     bandwidth: str
     workers: int = 16
+    batches: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.model} {'PS' if self.arch == 'ps' else 'all-reduce'}"
+        backend = " over torch.distributed" if self.batches else ""
+        return f"{self.model} {'PS' if self.arch == 'ps' else 'all-reduce'}{backend}"
+
+    def space(self) -> SearchSpace:
+        return space_for(self.arch, batches=self.batches)
 
     def cluster(self, error: MisEstimate | None = None) -> Any:
         from bytesched.sim import WorkerSpec, make_cluster
 
-        cluster = make_cluster(arch=self.arch, workers=self.workers, bandwidth=self.bandwidth)
+        cluster = make_cluster(arch=self.arch, workers=self.workers, bandwidth=self.bandwidth,
+                               fusion_threshold=0 if self.batches else None)
         if error is None:
             return cluster
         spec = WorkerSpec(compute=error.compute)
@@ -98,8 +106,12 @@ class Scenario:
 
 # The simulator's all-reduce landscape is flat at 40 Gbps and above on this cluster (every point
 # within 2%: any search succeeds at once), so all-reduce is studied at 25 Gbps and PS at 10 Gbps.
+# Over torch.distributed ResNet50 and the Transformer gain from batching at 25 Gbps (VGG16's few
+# large tensors do not: its landscape is flat along the batching axis).
 SCENARIOS = (Scenario("vgg16", "ps", "10Gbps"), Scenario("transformer", "ps", "10Gbps"),
-             Scenario("vgg16", "allreduce", "25Gbps"), Scenario("transformer", "allreduce", "25Gbps"))
+             Scenario("vgg16", "allreduce", "25Gbps"), Scenario("transformer", "allreduce", "25Gbps"),
+             Scenario("resnet50", "allreduce", "25Gbps", batches=True),
+             Scenario("transformer", "allreduce", "25Gbps", batches=True))
 QUICK_SCENARIOS = (Scenario("vgg16", "allreduce", "25Gbps"),)
 
 
@@ -182,7 +194,7 @@ def study_scenario(scenario: Scenario, seeds: int, noise: float, cap: int = CAP,
     """Every search from every seed on one scenario (runs in a worker process)."""
     from bytesched.sim import load_profile
 
-    space = space_for(scenario.arch)
+    space = scenario.space()
     profile = load_profile(scenario.model)
     started = time.perf_counter()
     true = predicted_throughput(profile, scenario.cluster(), space, points=list(space.points()))
@@ -229,8 +241,7 @@ def study_scenario(scenario: Scenario, seeds: int, noise: float, cap: int = CAP,
     return {
         "scenario": asdict(scenario), "label": scenario.label,
         "lattice": {"shape": list(space.shape),
-                    "partition_bytes": [space.partition.value(i) for i in range(space.shape[0])],
-                    "credit_bytes": [space.credit.value(j) for j in range(space.shape[1])]},
+                    **{f"{axis.name}_bytes": [axis.value(i) for i in range(axis.size)] for axis in space.axes}},
         "iterations_per_s": landscape.values.tolist(),
         "grid_optimum": _point_json(space, landscape.grid_best, landscape.values),
         "lattice_optimum": _point_json(space, lattice_best, landscape.values),
@@ -259,6 +270,7 @@ def _array(space: SearchSpace, values: dict[Point, float]) -> np.ndarray:
 def _point_json(space: SearchSpace, point: Point, values: np.ndarray) -> dict[str, Any]:
     params = space.params(point)
     return {"point": list(point), "partition_bytes": params.partition_bytes, "credit_bytes": params.credit_bytes,
+            **({} if space.batch is None else {"batch_bytes": params.batch_bytes}),
             "iterations_per_s": float(values[point])}
 
 
@@ -290,24 +302,23 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [f"Trials to come within {settings['tolerance']:.0%} of the grid-search optimum "
              f"(mean ± sd over {settings['seeds']} seeds; noise {settings['noise']:.0%}; a miss counts as "
              f"{settings['cap']})", ""]
-    header = f"{'scenario':<32}" + "".join(f"{m:>15}" for m in settings["methods"]) + f"{'warm saving':>13}"
+    header = f"{'scenario':<56}" + "".join(f"{m:>15}" for m in settings["methods"]) + f"{'warm saving':>13}"
     lines += [header, "-" * len(header)]
     for s in result["scenarios"]:
         m = s["methods"]
         cells = "".join(f"{_cell(m[name]):>15}" for name in settings["methods"])
         saving = 1 - m["bo-warm"]["mean"] / m["bo"]["mean"]
-        lines.append(f"{s['label'] + ' @' + s['scenario']['bandwidth']:<32}{cells}{saving:>12.0%}")
-    lines += ["", f"{'scenario':<24}{'grid optimum (partition, credit)':>34}{'within 2%':>11}"
+        lines.append(f"{s['label'] + ' @' + s['scenario']['bandwidth']:<56}{cells}{saving:>12.0%}")
+    lines += ["", f"{'scenario':<44}{'grid optimum (partition, credit, batching)':>44}{'within 2%':>11}"
                   f"{'sgd (rate, momentum)':>22}"]
     for s in result["scenarios"]:
-        g = s["grid_optimum"]
         sgd = s["sgd_hyperparameters"]
-        lines.append(f"{s['label']:<24}{format_size(g['partition_bytes']) + ', ' + format_size(g['credit_bytes']):>34}"
+        lines.append(f"{s['label']:<44}{_size_pair(s['grid_optimum'])[1:-1]:>44}"
                      f"{s['within_tolerance_fraction']:>11.0%}{str((sgd['rate'], sgd['momentum'])):>22}")
     lines += ["", "Stop rule (bo, at most 15 trials): trials spent, and the kept point's gap to the grid optimum"]
     for s in result["scenarios"]:
         r = s["stop_rule"]
-        lines.append(f"{s['label']:<24}{_cell(r['trials']):>12} trials   gap mean {r['gap_mean']:.1%}, max "
+        lines.append(f"{s['label']:<44}{_cell(r['trials']):>12} trials   gap mean {r['gap_mean']:.1%}, max "
                      f"{r['gap_max']:.1%}; {r['within_tolerance']}/{settings['seeds']} within 2%")
     lines += ["", f"Simulator cost: warm-start prediction {_seconds(result, 'warm')}; BO {_seconds(result, 'bo')} "
               f"per trial; wall time {result['wall_seconds']:.0f} s"]
@@ -369,18 +380,19 @@ def docs_section(result: dict[str, Any]) -> str:
               f"(learning rates {', '.join(f'{r:g}' for r in SGD_RATES)} "
               f"x momenta {', '.join(f'{m:g}' for m in SGD_MOMENTA)}), as the paper reports each alternative with its "
               "best hyper-parameters."]
-    lines.append("- **Warm-started BO** (three predicted pairs first, from a cluster mis-measured on purpose: "
+    lines.append("- **Warm-started BO** (three predicted points first, from a cluster mis-measured on purpose: "
                  + "; ".join(f"seeds {i} mod {len(MIS_ESTIMATES)} with bandwidth x{e['bandwidth']:g}, "
                              f"θ x{e['overhead']:g}, compute x{e['compute']:g}"
                              for i, e in enumerate(scenarios[0]["warm_start"]["mis_estimates"]))
                  + "): " + ", ".join(f"{s['label']} {s['methods']['bo-warm']['mean']:.1f}" for s in scenarios)
                  + " trials on average.")
     stop = [s["stop_rule"] for s in scenarios]
-    lines.append(f"- **The stop rule** (at least {MIN_TRIALS} trials, then two trials in a row with less than "
+    lines.append(f"- **The stop rule** (at least {MIN_TRIALS_PER_KNOB} trials per knob, {MIN_TRIALS} on the "
+                 "(partition, credit) lattice, then two trials in a row with less than "
                  f"{MIN_GAIN:.0%} expected gain; at most {STOP_RULE_MAX_TRIALS}) ended the searches after "
                  + ", ".join(f"{s['label']} {r['trials']['mean']:.1f} ± {r['trials']['sd']:.1f}"
                              for s, r in zip(scenarios, stop))
-                 + " trials, keeping a pair within 2% of the grid optimum in "
+                 + " trials, keeping a point within 2% of the grid optimum in "
                  + ", ".join(f"{r['within_tolerance']}" for r in stop) + f" of {seeds} runs (mean gap "
                  + ", ".join(f"{r['gap_mean']:.1%}" for r in stop) + "; worst "
                  + ", ".join(f"{r['gap_max']:.1%}" for r in stop) + ").")
@@ -391,15 +403,25 @@ def docs_section(result: dict[str, Any]) -> str:
               f"Cost of this run: {result['wall_seconds']:.0f} s wall on {meta.get('cpus', '?')} cores; "
               "a landscape took "
               + ", ".join(f"{s['seconds']['landscape_simulation']:.1f}" for s in scenarios)
-              + " s to simulate (169 pairs), a warm-start prediction "
+              + " s to simulate (" + ", ".join(f"{_count(s['lattice']['shape'], 1)}" for s in scenarios)
+              + " points), a warm-start prediction "
               + ", ".join(f"{s['warm_start']['simulation_seconds']:.2f}" for s in scenarios)
-              + " s (49 pairs), a BO decision (fit, EI over the lattice, stop rule) "
+              + " s (" + ", ".join(f"{_count(s['lattice']['shape'], GRID_STRIDE)}" for s in scenarios)
+              + " points), a BO decision (fit, EI over the lattice, stop rule) "
               + ", ".join(f"{s['seconds']['bo_per_trial']:.3f}" for s in scenarios) + " s.", END]
     return "\n".join(lines)
 
 
 def _size_pair(point: dict[str, Any]) -> str:
-    return f"({format_size(point['partition_bytes'])}, {format_size(point['credit_bytes'])})"
+    """``(4MB, 16MB)``, with the batching threshold (or ``no batching``) where the lattice has it."""
+    batch = point.get("batch_bytes")
+    batching = "" if batch is None else f", {'batching under ' + format_size(batch) if batch else 'no batching'}"
+    return f"({format_size(point['partition_bytes'])}, {format_size(point['credit_bytes'])}{batching})"
+
+
+def _count(shape: Sequence[int], stride: int) -> int:
+    """Lattice points of ``shape`` taking every ``stride``-th index per axis."""
+    return int(np.prod([-(-size // stride) for size in shape]))
 
 
 

@@ -40,16 +40,23 @@ def plot_search_costs(result: dict[str, Any], path: str) -> None:
 
 def plot_landscapes(result: dict[str, Any], path: str) -> None:
     """Throughput relative to the best lattice point, one heat map per scenario; the grid
-    optimum is circled and the points within tolerance of it are outlined."""
+    optimum is circled and the points within tolerance of it are outlined. A lattice with a
+    batching axis is shown at the grid optimum's batching threshold."""
     scenarios = result["scenarios"]
     figure, axes = plt.subplots(1, len(scenarios), figsize=(4.2 * len(scenarios), 4), squeeze=False)
     for axis, s in zip(axes[0], scenarios):
         values = np.array(s["iterations_per_s"])
-        relative = values / values.max()
+        title = f"{s['label']} @{s['scenario']['bandwidth']}"
+        if values.ndim == 3:
+            batch = s["grid_optimum"]["point"][2]
+            values = values[:, :, batch]
+            threshold = s["lattice"]["batch_bytes"][batch]
+            title += f"\nbatching under {threshold / 1e6:g} MB" if threshold else "\nno batching"
+        relative = values / np.max(s["iterations_per_s"])
         image = axis.imshow(relative, origin="lower", cmap="viridis", vmin=max(0.0, relative.min()), vmax=1.0)
         target = (1 - result["settings"]["tolerance"]) * s["grid_optimum"]["iterations_per_s"]
         axis.contour(values >= target, levels=[0.5], colors="white", linewidths=1)
-        gi, gj = s["grid_optimum"]["point"]
+        gi, gj = s["grid_optimum"]["point"][:2]
         axis.plot(gj, gi, "o", markerfacecolor="none", markeredgecolor="red", markersize=10)
         lattice = s["lattice"]
         ticks = list(range(0, len(lattice["partition_bytes"]), 2))
@@ -57,7 +64,7 @@ def plot_landscapes(result: dict[str, Any], path: str) -> None:
         axis.set_xticks(ticks, [f"{lattice['credit_bytes'][j] / 1e6:g}" for j in ticks], rotation=45)
         axis.set_ylabel("partition (MB)")
         axis.set_xlabel("credit (MB)")
-        axis.set_title(f"{s['label']} @{s['scenario']['bandwidth']}")
+        axis.set_title(title, fontsize="small")
         figure.colorbar(image, ax=axis, fraction=0.046, label="throughput / best")
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -27,6 +27,9 @@ from test_torch_plugin import Launch, free_port, job_env
 SWITCH_STEPS = [0, 6, 12]
 WIDE_MODEL_BYTES = 4 * (32 * 256 + 256 + 256 * 8192 + 8192 + 8192 * 10 + 10)
 """The gradient bytes of the script's WideMLP, to which the tuner fits its lattice."""
+OPENING_BATCH = 250_000
+"""The torch.distributed job's configured batching threshold: trial 0 batches under it (a point of
+the batching axis, so the opening keeps it exactly)."""
 TRIAL_ENV = {"BYTESCHED_TUNING_MAX_TRIALS": "2", "BYTESCHED_TUNING_STEPS_PER_TRIAL": "6",
              "BYTESCHED_TUNING_WARMUP_STEPS": "0", "BYTESCHED_LOG_LEVEL": "INFO"}
 
@@ -48,9 +51,10 @@ class TuningLaunch(Launch):
         return first
 
 
-def torch_tuning(launcher: list[Any], backend: str, cases: str, log_dir: Path, timeout: float) -> TuningLaunch:
+def torch_tuning(launcher: list[Any], backend: str, cases: str, log_dir: Path, timeout: float,
+                 *options: Any) -> TuningLaunch:
     result = run_job([*launcher, SCRIPTS / "torch_tuning.py", "--backend", backend, "--cases", cases,
-                      "--log-dir", log_dir], timeout=timeout, env={**job_env(), **TRIAL_ENV})
+                      "--log-dir", log_dir, *options], timeout=timeout, env={**job_env(), **TRIAL_ENV})
     return TuningLaunch(2, result.stdout, result.returncode)
 
 
@@ -65,19 +69,21 @@ def horovod_job(log_dir: Path) -> TuningLaunch:
     first log."""
     require("horovod.torch", "Horovod built with PyTorch")
     launcher = [require_executable("horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable]
-    return torch_tuning(launcher, "horovod", "tune,late,slow,load", log_dir, timeout=240)
+    return torch_tuning(launcher, "horovod", "tune,late,slow,load", log_dir, 240)
 
 
 @pytest.fixture(scope="module")
 def dist_job(tmp_path_factory: pytest.TempPathFactory) -> TuningLaunch:
-    """torch.distributed in rank-0 order: tune, then a lost switch (which ends the job)."""
+    """torch.distributed in rank-0 order: tune, opening with batching while busy under
+    :data:`OPENING_BATCH` bytes, then a lost switch (which ends the job)."""
     launcher = [require_executable("torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port())]
-    return torch_tuning(launcher, "dist", "tune,lost", tmp_path_factory.mktemp("dist"), timeout=200)
+    return torch_tuning(launcher, "dist", "tune,lost", tmp_path_factory.mktemp("dist"), 200,
+                        "--opening-batch", OPENING_BATCH)
 
 
 def kept_sizes(log: Path) -> list[int]:
     best = load_best(str(log))
-    return [int(best.partition_bytes), int(best.credit_bytes)]  # type: ignore[arg-type]
+    return [int(best.partition_bytes), int(best.credit_bytes), int(best.batch_bytes)]  # type: ignore[arg-type]
 
 
 def test_tuning_opens_the_channel_in_immediate_order_too() -> None:
@@ -109,18 +115,19 @@ def test_horovod_tuning_finishes_its_trials_ranks_agree_and_results_are_unchange
     horovod_job.check(["tune/same_as_unscheduled", "tune/finished"])
     assert "bytesched tuning: warm start measured" in horovod_job.output  # rank 0: the search's first points
     agreed = horovod_job.agreed("tune")
-    assert [step for step, _, _ in agreed["applied"]] == SWITCH_STEPS
+    assert [step for step, *_ in agreed["applied"]] == SWITCH_STEPS
     assert agreed["applied"][-1][1:] == agreed["tuned"]
     assert [round(size, -3) for size in agreed["tuned"]] == kept_sizes(log_dir / "tune.csv")  # MB to the kB
     space = space_for("allreduce", model_bytes=WIDE_MODEL_BYTES)  # 137 KB to 8.8 MB partitions
-    lattice = {space.params((i, j)) for i, j in space.points()}
-    assert all(SchedulingParams(partition, credit) in lattice for _, partition, credit in agreed["applied"])
+    lattice = {space.params(point) for point in space.points()}
+    assert all(SchedulingParams(partition, credit, batch_bytes=batch) in lattice
+               for _, partition, credit, batch in agreed["applied"])  # Horovod does not batch: always 0
     with (log_dir / "tune.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert [row["trial"] for row in rows] == ["0", "1", "best"]
     assert rows[0]["source"] == "configured" and rows[-1]["source"] == "final"
     assert all(float(row["samples_per_s"]) > 0 for row in rows)
-    for row, (_, partition, credit) in zip(rows, agreed["applied"]):
+    for row, (_, partition, credit, _) in zip(rows, agreed["applied"]):
         assert [round(float(row["partition_mb"]) * 1e6), round(float(row["credit_mb"]) * 1e6)] == \
             [round(partition, -3), round(credit, -3)], row
 
@@ -132,7 +139,7 @@ def test_horovod_late_switch_is_waited_for_at_the_agreed_step_in_barrier_mode(ho
     ranks still switch at steps 0, 6 and 12, with unchanged results."""
     horovod_job.check(["late/same_as_unscheduled", "late/finished"])
     agreed = horovod_job.agreed("late")
-    assert [step for step, _, _ in agreed["applied"]] == SWITCH_STEPS
+    assert [step for step, *_ in agreed["applied"]] == SWITCH_STEPS
     follower_wait = horovod_job.tuned("late")[1]["longest_wait_s"]
     assert follower_wait >= 1.0, f"the follower never waited for the late switch ({follower_wait} s)"
 
@@ -145,7 +152,7 @@ def test_horovod_slow_rank0_never_makes_a_switch_late(horovod_job: TuningLaunch)
     both ranks switch at steps 0, 6 and 12 with unchanged results."""
     horovod_job.check(["slow/same_as_unscheduled", "slow/finished"])
     agreed = horovod_job.agreed("slow")
-    assert [step for step, _, _ in agreed["applied"]] == SWITCH_STEPS
+    assert [step for step, *_ in agreed["applied"]] == SWITCH_STEPS
     follower_wait = horovod_job.tuned("slow")[1]["longest_wait_s"]
     assert follower_wait < 1.0, f"the follower waited {follower_wait} s for a switch although rank 0 was only slow"
 
@@ -163,11 +170,17 @@ def test_horovod_tuning_load_starts_from_the_logged_best(horovod_job: TuningLaun
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_distributed_rank0_order_tuning_keeps_results(dist_job: TuningLaunch) -> None:
-    """torch.distributed: followers obey rank 0's order, so a rank partitioning a step differently
-    would deadlock; tuning switches both ranks alike and results stay bit-identical."""
+    """torch.distributed: followers obey rank 0's order, so a rank partitioning (or batching) a step
+    differently would deadlock; tuning switches both ranks alike, searches the batching threshold
+    too, opening with the configured one, and results stay bit-identical."""
     dist_job.check(["tune/same_as_unscheduled", "tune/finished"])
     agreed = dist_job.agreed("tune")
-    assert [step for step, _, _ in agreed["applied"]] == SWITCH_STEPS
+    assert [step for step, *_ in agreed["applied"]] == SWITCH_STEPS
+    assert agreed["applied"][0][3] == OPENING_BATCH
+    space = space_for("allreduce", model_bytes=WIDE_MODEL_BYTES, batches=True)
+    lattice = {space.params(point) for point in space.points()}
+    assert all(SchedulingParams(partition, credit, batch_bytes=batch) in lattice
+               for _, partition, credit, batch in agreed["applied"])
 
 
 @pytest.mark.multiproc

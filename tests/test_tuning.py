@@ -58,6 +58,54 @@ def test_lattice_values_and_nearest() -> None:
         space_for("nccl")
 
 
+def test_a_backend_that_batches_searches_the_batching_threshold_too() -> None:
+    """The third axis: index 0 is off (0 bytes), then 62.5 KB .. 32 MB in factor-2 steps; 0 bytes
+    and sizes round trip through ``nearest``; only a backend that batches gets the axis."""
+    space = space_for("allreduce", model_bytes=24_000_000, batches=True)
+    assert space.shape == (13, 13, 11) and space_for("allreduce", model_bytes=24_000_000).shape == (13, 13)
+    batch = space.batch
+    assert batch is not None and [batch.value(i) for i in (0, 1, 2, 10)] == [0, 62_500, 125_000, 32_000_000]
+    assert batch.nearest(0) == 0 and batch.nearest(1) == 1 and batch.nearest(UNLIMITED) == 10
+    assert batch.nearest(250_000) == 3 and batch.nearest(10**9) == 10
+    assert space.params((6, 6, 0)).batch_bytes == 0 and space.params((6, 6, 3)).batch_bytes == 250_000
+    for point in [(0, 0, 0), (3, 4, 5), (12, 12, 10)]:
+        assert space.nearest(space.params(point), 0) == point
+    assert space.nearest(SchedulingParams(None, 16_000_000), 4_000_000)[2] == 0  # batching off by default
+    assert len(list(space.points())) == 13 * 13 * 11 and len(list(space.points(2))) == 7 * 7 * 6
+    assert space.describe((6, 6, 0)).endswith("no batching")
+    assert space.describe((6, 6, 3)).endswith("batching under 250KB")
+    with pytest.raises(ValueError, match="3-dimensional"):
+        space.params((6, 6))
+    session = make_session(from_env({"BYTESCHED_TUNING": "1", "BYTESCHED_BATCH_BYTES": "250KB"}), rank=0,
+                           world_size=1, channel=None, arch="allreduce", model_bytes=24_000_000, batches=True)
+    assert session is not None and session.on_step(0).batch_bytes == 250_000  # type: ignore[union-attr]
+
+
+def test_search_finds_the_batching_plateau_of_a_three_dimensional_landscape() -> None:
+    """BO over (partition, credit, batching threshold) on a landscape like the simulator's over
+    torch.distributed: batching gains up to 30 % as the threshold grows, then stays flat. Every
+    seed keeps a point within 3 % of the best, and none stops before 12 trials (4 per knob)."""
+    space = space_for("allreduce", model_bytes=24_000_000, batches=True)
+
+    def plateau(point: tuple[int, ...]) -> float:
+        gain = 0.7 + 0.3 * min(point[2], 7) / 7
+        return 1000.0 * gain / (1 + 0.03 * ((point[0] - 5) ** 2 + (point[1] - 7) ** 2))
+
+    for seed in range(8):
+        search = BayesianSearch(space, seed=seed)
+        assert search.min_trials == 12
+        while not search.should_stop():
+            assert search.trials < 40, f"seed {seed}: no stop after 40 trials"
+            point, _ = search.ask()
+            assert len(point) == 3
+            search.tell(point, plateau(point))
+        best, _ = search.best()
+        assert plateau(best) >= 0.97 * 1000, (seed, best, search.measured)
+        assert search.trials >= 12
+    with pytest.raises(ValueError, match="13x13x11"):
+        search.tell((1, 1), 1.0)
+
+
 def test_floor_moves_the_lattice_down_for_the_session() -> None:
     """BYTESCHED_TUNING_FLOOR starts both axes lower; trial 0 (the configured 4 MB / 16 MB) is
     then the nearest point of the moved lattice."""
@@ -131,6 +179,8 @@ def test_switch_round_trip_and_validation() -> None:
         ({**good, "partition": 2**60}, "partition="),
         ({**good, "next_step": 150}, "next_step=150: expected 151.."),
         ({**good, "trial": None}, "trial=None"),
+        ({**good, "batch": -1}, "batch=-1: expected 0.."),
+        ({k: v for k, v in good.items() if k != "batch"}, r"missing \['batch'\]"),
     ]
     for body, message in bad_bodies:
         with pytest.raises(TuningProtocolError, match=message):
@@ -138,6 +188,10 @@ def test_switch_round_trip_and_validation() -> None:
     applied = Applied(rank=1, trial=3, step=150, partition=4_000_000, credit=16_000_000)
     assert Applied.from_body(applied.to_body()).agrees_with(switch)
     assert not Applied(1, 3, 151, 4_000_000, 16_000_000).agrees_with(switch)
+    batched = Switch.of(3, 150, SchedulingParams(4_000_000, 16_000_000, batch_bytes=250_000), 200)
+    assert batched.params.batch_bytes == 250_000 and Switch.from_body(batched.to_body()) == batched
+    assert not Applied.of(1, switch, 150).agrees_with(batched)  # a rank that did not batch diverged
+    assert Applied.from_body(Applied.of(1, batched, 150).to_body()).agrees_with(batched)
     with pytest.raises(TuningProtocolError, match="rank"):
         Applied.from_body({**applied.to_body(), "rank": -2})
 
@@ -149,29 +203,37 @@ def test_log_is_readable_csv_and_loads_the_best(tmp_path: Path) -> None:
     log.trial(0, SchedulingParams(4_000_000, 16_000_000), 1210.44, 1210.44, "configured")
     log.trial(1, SchedulingParams(2_828_427, 22_627_417), 1302.0, 1302.0, "bo")
     log.trial(2, SchedulingParams(500_000, 2_000_000), 310.0, 1302.0, "bo")
-    log.best(SchedulingParams(2_828_427, 22_627_417), 1302.0)
+    log.best(SchedulingParams(2_828_427, 22_627_417, batch_bytes=176_777), 1302.0)
     log.close()
     rows = list(csv.reader(path.open()))
     assert tuple(rows[0]) == COLUMNS
-    assert rows[1] == ["0", "4.000", "16.000", "1210.4", "1210.4", "configured"]
-    assert rows[-1] == ["best", "2.828", "22.627", "1302.0", "1302.0", "final"]
-    assert load_best(path) == SchedulingParams(2_828_000, 22_627_000)
+    assert rows[1] == ["0", "4.000", "16.000", "0.000", "1210.4", "1210.4", "configured"]
+    assert rows[-1] == ["best", "2.828", "22.627", "0.177", "1302.0", "1302.0", "final"]
+    assert load_best(path) == SchedulingParams(2_828_000, 22_627_000, batch_bytes=177_000)
 
 
 def test_loading_a_cut_short_log_takes_its_fastest_trial(tmp_path: Path) -> None:
     path = tmp_path / "cut.csv"
-    path.write_text(",".join(COLUMNS) + "\n0,4.000,16.000,100.0,100.0,configured\n1,8.000,32.000,150.5,150.5,bo\n"
-                    "2,1.000,4.000,90.0,150.5,bo\n")
-    assert load_best(path) == SchedulingParams(8_000_000, 32_000_000)
+    path.write_text(",".join(COLUMNS) + "\n0,4.000,16.000,0.000,100.0,100.0,configured\n"
+                    "1,8.000,32.000,0.500,150.5,150.5,bo\n2,1.000,4.000,0.000,90.0,150.5,bo\n")
+    assert load_best(path) == SchedulingParams(8_000_000, 32_000_000, batch_bytes=500_000)
+
+
+def test_a_log_without_the_batching_column_loads_as_no_batching(tmp_path: Path) -> None:
+    path = tmp_path / "old.csv"
+    path.write_text("trial,partition_mb,credit_mb,samples_per_s,best_samples_per_s,source\n"
+                    "0,4.000,16.000,100.0,100.0,configured\n1,8.000,32.000,150.5,150.5,bo\n")
+    assert load_best(path) == SchedulingParams(8_000_000, 32_000_000, batch_bytes=0)
 
 
 @pytest.mark.parametrize("content, message", [
     ("", "not a tuning log"),
     ("a,b,c\n", "not a tuning log"),
     (",".join(COLUMNS) + "\n", "has no trials"),
-    (",".join(COLUMNS) + "\n0,four,16,1,1,bo\n", "line 2"),
-    (",".join(COLUMNS) + "\n0,4.000,16.000,100.0\n", "line 2: expected 6 columns"),
-    (",".join(COLUMNS) + "\nbest,0.000,16.000,100.0,100.0,final\n", "line 2"),
+    (",".join(COLUMNS) + "\n0,four,16,0,1,1,bo\n", "line 2"),
+    (",".join(COLUMNS) + "\n0,4.000,16.000,100.0\n", "line 2: expected 7 columns"),
+    (",".join(COLUMNS) + "\nbest,0.000,16.000,0.000,100.0,100.0,final\n", "line 2"),
+    (",".join(COLUMNS) + "\nbest,1.000,16.000,-1.000,100.0,100.0,final\n", "line 2"),
 ])
 def test_bad_logs_are_named(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "log.csv"
@@ -255,7 +317,7 @@ def test_tuner_schedule_measures_the_window_and_stops_at_max_trials(tmp_path: Pa
         assert speed == pytest.approx(bowl(point))  # the window's steps only: no slow warm-up step
     rows = list(csv.reader(log_path.open()))
     assert [r[0] for r in rows] == ["trial", "0", "1", "2", "3", "best"]
-    assert rows[1][:3] == ["0", "4.000", "16.000"] and rows[1][5] == "configured"
+    assert rows[1][:3] == ["0", "4.000", "16.000"] and rows[1][-1] == "configured"
     best = PS.nearest(announced[-1][1].params, 4_000_000)
     assert measured[best] == max(measured.values())
 

@@ -225,7 +225,7 @@ def test_a_malformed_switch_from_rank0_fails_the_follower() -> None:
     with channels(config) as (leader, follower):
         session = make_session(config, rank=1, world_size=2, channel=follower, arch="ps")
         assert session.on_step(0) == SchedulingParams(4_000_000, 16_000_000)  # trial 0: no message
-        leader.broadcast(SWITCH, {"trial": 1, "step": 8, "partition": "4MB", "credit": 1, "next_step": 16})
+        leader.broadcast(SWITCH, {"trial": 1, "step": 8, "partition": "4MB", "credit": 1, "next_step": 16, "batch": 0})
         for step in range(1, 8):
             assert session.on_step(step) is None
         with pytest.raises(TuningProtocolError, match="invalid tuning message from rank 0.*partition='4MB'"):

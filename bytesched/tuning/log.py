@@ -2,18 +2,20 @@
 
 ::
 
-    trial,partition_mb,credit_mb,samples_per_s,best_samples_per_s,source
-    0,4.000,16.000,1210.4,1210.4,configured
-    1,0.707,90.510,1302.9,1302.9,initial
+    trial,partition_mb,credit_mb,batch_mb,samples_per_s,best_samples_per_s,source
+    0,4.000,16.000,0.000,1210.4,1210.4,configured
+    1,0.707,90.510,0.000,1302.9,1302.9,initial
     ...
-    best,2.828,22.627,1344.0,1344.0,final
+    best,2.828,22.627,0.177,1344.0,1344.0,final
 
 Sizes are in MB (10^6 bytes, to the kilobyte), throughput in samples per second as rank 0
-measured it. ``source`` says why a point was tried: ``configured`` (the job's own sizes),
+measured it; ``batch_mb`` is the batching threshold (0: no batching; always 0 on a backend that
+does not batch). ``source`` says why a point was tried: ``configured`` (the job's own sizes),
 ``loaded`` (a previous job's best), ``predicted`` (the simulator's warm start), ``initial`` (the
 optimiser's first spread-out points) or ``bo`` (Expected Improvement). The last row, ``best``, is
 what the job kept. Rows are flushed one by one, so a job killed mid-way leaves a usable log, and
-:func:`load_best` then takes the fastest row.
+:func:`load_best` then takes the fastest row. A log written before the batching column existed
+(no ``batch_mb``) loads as no batching.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import TextIO
 
 from ..core.config import ConfigError, SchedulingParams
 
-COLUMNS = ("trial", "partition_mb", "credit_mb", "samples_per_s", "best_samples_per_s", "source")
+COLUMNS = ("trial", "partition_mb", "credit_mb", "batch_mb", "samples_per_s", "best_samples_per_s", "source")
+UNBATCHED_COLUMNS = tuple(c for c in COLUMNS if c != "batch_mb")
+"""The columns of a log written before the batching threshold was tuned."""
 BEST_ROW = "best"
 
 
@@ -43,7 +47,7 @@ class TuningLog:
 
     def trial(self, trial: int | str, params: SchedulingParams, throughput: float, best: float, source: str) -> None:
         """One row: the trial's sizes, what it measured and the best so far."""
-        self._writer.writerow([trial, _mb(params.partition_bytes), _mb(params.credit_bytes),
+        self._writer.writerow([trial, _mb(params.partition_bytes), _mb(params.credit_bytes), _mb(params.batch_bytes),
                                f"{throughput:.1f}", f"{best:.1f}", source])
         self._file.flush()
 
@@ -59,6 +63,10 @@ def _mb(nbytes: float | None) -> str:
     return f"{(nbytes or 0) / 1e6:.3f}"
 
 
+def _bytes(mb: str) -> int:
+    return round(float(mb) * 1e6)
+
+
 def load_best(path: str | Path) -> SchedulingParams:
     """The sizes a previous job kept: its ``best`` row, or its fastest trial if it was cut short.
 
@@ -72,15 +80,19 @@ def load_best(path: str | Path) -> SchedulingParams:
         raise ConfigError(f"{where} cannot be read: {exc.strerror}") from None
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(f"{where} is not a tuning log ({exc})") from None
-    if not rows or tuple(rows[0]) != COLUMNS:
+    if not rows or tuple(rows[0]) not in (COLUMNS, UNBATCHED_COLUMNS):
         raise ConfigError(f"{where} is not a tuning log: its first line should be {','.join(COLUMNS)}")
+    header = rows[0]
     parsed = []
     for line, row in enumerate(rows[1:], start=2):
-        if len(row) != len(COLUMNS):
-            raise ConfigError(f"{where}, line {line}: expected {len(COLUMNS)} columns, got {len(row)}")
+        if len(row) != len(header):
+            raise ConfigError(f"{where}, line {line}: expected {len(header)} columns, got {len(row)}")
+        cells = dict(zip(header, row))
         try:
-            partition, credit, speed = float(row[1]), float(row[2]), float(row[3])
-            params = SchedulingParams(partition_bytes=round(partition * 1e6), credit_bytes=round(credit * 1e6))
+            speed = float(cells["samples_per_s"])
+            params = SchedulingParams(partition_bytes=_bytes(cells["partition_mb"]),
+                                      credit_bytes=_bytes(cells["credit_mb"]),
+                                      batch_bytes=_bytes(cells.get("batch_mb", "0")))
         except (ValueError, ConfigError) as exc:
             raise ConfigError(f"{where}, line {line}: {exc}") from None
         if row[0] == BEST_ROW:

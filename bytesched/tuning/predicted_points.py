@@ -2,8 +2,8 @@
 
 Real trials cost minutes of training each; a simulated one costs a fraction of a second. So rank
 0 runs :mod:`bytesched.sim` on the job's measured profile and a measured bandwidth over the
-factor-2 grid of the search space (49 points) and hands the best few predictions to the search
-as its first points. The prediction is not trusted as a measurement (the simulator's absolute
+factor-2 grid of the search space (49 points, 294 with the batching axis) and hands the best few
+predictions to the search as its first points. The prediction is not trusted as a measurement (the simulator's absolute
 speeds differ from the real ones): it only decides where to look first, and the Gaussian process
 learns from what the real trials measure.
 """
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 PREDICTED_POINTS = 3
 """How many predicted points are tried first."""
 GRID_STRIDE = 2
-"""Every second lattice point per dimension: factor-2 steps, 7 x 7 points."""
+"""Every second lattice point per dimension: factor-2 steps, 7 x 7 points (x 6 batching thresholds,
+off included, in factor-4 steps)."""
 
 
 def predict_points(profile: "ModelProfile", cluster: "Cluster", space: SearchSpace, *, policy: str = "bytescheduler",
@@ -49,9 +50,12 @@ def predicted_throughput(profile: "ModelProfile", cluster: "Cluster", space: Sea
     return out
 
 
-def warm_start_inputs(config: Config, arch: str, world_size: int) -> tuple["ModelProfile", "Cluster"]:
+def warm_start_inputs(config: Config, arch: str, world_size: int,
+                      fuses_submitted: bool = True) -> tuple["ModelProfile", "Cluster"]:
     """The profile and cluster named by ``BYTESCHED_TUNING_PROFILE`` and
-    ``BYTESCHED_TUNING_BANDWIDTH``; ConfigError naming the variable if either is missing or bad."""
+    ``BYTESCHED_TUNING_BANDWIDTH`` (an all-reduce that fuses nothing by itself, as over
+    torch.distributed, unless ``fuses_submitted``); ConfigError naming the variable if either is
+    missing or bad."""
     from ..sim import ProfileError, load_profile, make_cluster
 
     if not (config.tuning_profile and config.tuning_bandwidth):
@@ -63,7 +67,8 @@ def warm_start_inputs(config: Config, arch: str, world_size: int) -> tuple["Mode
     except (ProfileError, OSError) as exc:
         raise ConfigError(f"BYTESCHED_TUNING_PROFILE={config.tuning_profile!r}: {exc}") from None
     try:
-        cluster = make_cluster(arch=arch, workers=world_size, bandwidth=config.tuning_bandwidth)
+        cluster = make_cluster(arch=arch, workers=world_size, bandwidth=config.tuning_bandwidth,
+                               fusion_threshold=None if fuses_submitted else 0)
     except ConfigError as exc:
         raise ConfigError(f"BYTESCHED_TUNING_BANDWIDTH={config.tuning_bandwidth!r}: {exc}") from None
     return profile, cluster

@@ -58,7 +58,8 @@ def _check_range(kind: str, name: str, value: int, low: int, high: int) -> None:
 
 @dataclass(frozen=True)
 class Switch:
-    """From step ``step`` on, every rank uses ``partition``/``credit`` bytes (trial ``trial``)."""
+    """From step ``step`` on, every rank uses ``partition``/``credit`` bytes and batches pieces
+    under ``batch`` bytes (0: no batching) (trial ``trial``)."""
 
     trial: int
     step: int
@@ -66,6 +67,13 @@ class Switch:
     credit: int
     next_step: int | None
     """The step of the next switch; None when this is the final choice."""
+    batch: int = 0
+
+    @classmethod
+    def of(cls, trial: int, step: int, params: SchedulingParams, next_step: int | None) -> "Switch":
+        """Trial ``trial``'s switch to ``params`` (whose sizes are set) at ``step``."""
+        return cls(trial, step, int(params.partition_bytes), int(params.credit_bytes),  # type: ignore[arg-type]  # set
+                   next_step, int(params.batch_bytes))
 
     @property
     def final(self) -> bool:
@@ -73,7 +81,7 @@ class Switch:
 
     @property
     def params(self) -> SchedulingParams:
-        return SchedulingParams(partition_bytes=self.partition, credit_bytes=self.credit)
+        return SchedulingParams(partition_bytes=self.partition, credit_bytes=self.credit, batch_bytes=self.batch)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +94,7 @@ class Switch:
         _check_range(SWITCH, "step", body["step"], 0, MAX_STEP)
         _check_range(SWITCH, "partition", body["partition"], 1, MAX_BYTES)
         _check_range(SWITCH, "credit", body["credit"], 1, MAX_BYTES)
+        _check_range(SWITCH, "batch", body["batch"], 0, MAX_BYTES)
         if body["next_step"] is not None:
             _check_range(SWITCH, "next_step", body["next_step"], body["step"] + 1, MAX_STEP)
         return cls(**body)
@@ -93,13 +102,20 @@ class Switch:
 
 @dataclass(frozen=True)
 class Applied:
-    """A follower's report: at step ``step`` it switched to trial ``trial``'s sizes."""
+    """A follower's report: at step ``step`` it switched to trial ``trial``'s sizes (and batching
+    threshold)."""
 
     rank: int
     trial: int
     step: int
     partition: int
     credit: int
+    batch: int = 0
+
+    @classmethod
+    def of(cls, rank: int, switch: Switch, step: int) -> "Applied":
+        """``rank``'s report that it applied ``switch`` at ``step``."""
+        return cls(rank, switch.trial, step, switch.partition, switch.credit, switch.batch)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,5 +128,5 @@ class Applied:
         return cls(**body)
 
     def agrees_with(self, switch: Switch) -> bool:
-        return (self.trial, self.step, self.partition, self.credit) == \
-            (switch.trial, switch.step, switch.partition, switch.credit)
+        return (self.trial, self.step, self.partition, self.credit, self.batch) == \
+            (switch.trial, switch.step, switch.partition, switch.credit, switch.batch)

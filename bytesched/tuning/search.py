@@ -1,17 +1,19 @@
-"""Bayesian optimisation of (partition, credit): scikit-optimize's Gaussian process and Expected
-Improvement over the lattice of :mod:`bytesched.tuning.space` (paper §4.3).
+"""Bayesian optimisation of (partition, credit), and the batching threshold where the space has
+it: scikit-optimize's Gaussian process and Expected Improvement over the lattice of
+:mod:`bytesched.tuning.space` (paper §4.3).
 
 The objective handed to the optimiser is ``-log(throughput)``: scikit-optimize minimises, and on
 a log scale a 10% gain means the same at 100 and at 10,000 samples/s, so the exploration
 parameter ``xi`` reads as "look for about that fraction more" whatever the model's speed. The
 first trials are the points the caller suggests (the configured sizes, a previous job's best, the
-simulator's predictions), topped up from a Latin hypercube (spread over both knobs, which found
+simulator's predictions), topped up from a Latin hypercube (spread over every knob, which found
 the optimum in 30% fewer trials than uniformly random first points in ``python -m benchmarks
 tuning``) until :data:`MIN_INITIAL` are known; then each trial is the untried lattice point of
 largest Expected Improvement over the best posterior mean of the points measured. The lattice
-holds 169 points, so EI is computed at every one of them: scikit-optimize's own proposal, the
-best of 2000 random draws, may be a point already measured, which it replaces by a random one
-(in the study, about one trial in three on the Transformer's parameter-server landscape).
+holds 169 points (1,859 with the batching axis), so EI is computed at every one of them:
+scikit-optimize's own proposal, the best of 2000 random draws, may be a point already measured,
+which it replaces by a random one (in the study, about one trial in three on the Transformer's
+parameter-server landscape).
 
 Noise: the process fits a white-noise term, so the best point is the measured point with the
 best *posterior mean*, not the luckiest single measurement, and the search stops when the largest
@@ -44,9 +46,15 @@ MIN_GAIN = 0.02
 """Stop when no untried point is expected to be more than about 2% faster than the best..."""
 STOP_PATIENCE = 2
 """...after each of this many trials in a row (one refit of the process can be overconfident)..."""
-MIN_TRIALS = 8
-"""...but not before this many trials: with fewer points the process's length scales are guesses,
-and on a landscape that looks flat from three points it stopped 5-8% short of the optimum."""
+MIN_TRIALS_PER_KNOB = 4
+"""...but not before this many trials per searched knob (8 for partition and credit, 12 with the
+batching threshold): with fewer points the process's length scales are guesses. On a landscape
+that looks flat from three points it stopped 5-8% short of the optimum with 2 knobs. With 3
+knobs and 8 trials, 3 of 8 seeds kept a point 32-44% short on the plateau landscape of
+``test_search_finds_the_batching_plateau_of_a_three_dimensional_landscape``; with 12, none was
+more than 3% short."""
+MIN_TRIALS = 2 * MIN_TRIALS_PER_KNOB
+"""The earliest stop on the (partition, credit) lattice."""
 XI = 0.03
 """Expected Improvement's exploration margin, in log-throughput units (3 % more). The paper's 0.1
 (its §4.3) sent the search along the lattice's edges, where the process is least certain, before
@@ -65,19 +73,19 @@ class BayesianSearch:
         seed: seeds the initial Latin hypercube and the acquisition sampling.
         xi: Expected Improvement's exploration margin, in log-throughput units.
         suggested: points to try first, in order (duplicates are tried once).
-        min_gain, min_trials: the stop rule's threshold and earliest trial (see :meth:`should_stop`).
+        min_gain, min_trials: the stop rule's threshold and earliest trial (see :meth:`should_stop`;
+            by default :data:`MIN_TRIALS_PER_KNOB` per axis of ``space``).
     """
 
     def __init__(self, space: SearchSpace, *, seed: int = 0, xi: float = XI,
-                 suggested: Sequence[Point] = (), min_gain: float = MIN_GAIN, min_trials: int = MIN_TRIALS) -> None:
+                 suggested: Sequence[Point] = (), min_gain: float = MIN_GAIN, min_trials: int | None = None) -> None:
         if not (xi >= 0 and math.isfinite(xi)):
             raise ValueError(f"xi={xi!r} must be a finite number >= 0")
         self.space = space
         self.xi = xi
         self.min_gain = min_gain
-        self.min_trials = min_trials
-        dims = [Integer(0, space.partition.size - 1, name="partition"),
-                Integer(0, space.credit.size - 1, name="credit")]
+        self.min_trials = MIN_TRIALS_PER_KNOB * len(space.axes) if min_trials is None else min_trials
+        dims = [Integer(0, axis.size - 1, name=axis.name) for axis in space.axes]
         # One fit of the kernel's hyper-parameters per trial (no restarts of the fit from random
         # starting points): that keeps a decision near a tenth of a second, and it is the
         # setting the study (`python -m benchmarks tuning`) measured.
@@ -115,7 +123,7 @@ class BayesianSearch:
                 # random one and warns, a useful trial all the same
                 warnings.simplefilter("ignore", UserWarning)
                 x = self._optimizer.ask()
-            return (int(x[0]), int(x[1])), "initial"
+            return tuple(int(v) for v in x), "initial"
         untried = self._untried()
         if not untried:  # every point was measured: the best again
             return self.best()[0], "bo"
@@ -190,8 +198,10 @@ class BayesianSearch:
             return float(np.min(model.predict(self._optimizer.space.transform([list(p) for p, _ in self.measured]))))
 
     def _check(self, point: Point) -> Point:
-        i, j = int(point[0]), int(point[1])
-        rows, cols = self.space.shape
-        if not (0 <= i < rows and 0 <= j < cols) or (i, j) != tuple(point):
-            raise ValueError(f"{point!r} is not a point of the {self.space.arch} lattice ({rows}x{cols})")
-        return i, j
+        shape = self.space.shape
+        checked = tuple(int(v) for v in point)
+        if len(checked) != len(shape) or checked != tuple(point) or \
+                not all(0 <= v < n for v, n in zip(checked, shape)):
+            raise ValueError(f"{point!r} is not a point of the {self.space.arch} lattice "
+                             f"({'x'.join(map(str, shape))})")
+        return checked

@@ -120,8 +120,7 @@ class TuningSession:
         self._due = step + self.first_wait
         if self.opening is None:
             return None
-        switch = Switch(0, step, int(self.opening.partition_bytes), int(self.opening.credit_bytes),  # type: ignore[arg-type]  # set
-                        self._due)
+        switch = Switch.of(0, step, self.opening, self._due)
         self._apply(switch)
         if self.rank == 0 and self._channel is not None:
             self._unconfirmed.append(switch)
@@ -158,9 +157,10 @@ class TuningSession:
             if applied.rank != rank or not applied.agrees_with(switch):
                 raise TuningProtocolError(
                     f"rank {rank} applied trial {applied.trial} at step {applied.step} with partition "
-                    f"{applied.partition} and credit {applied.credit}, but rank 0 switched to trial "
-                    f"{switch.trial} at step {switch.step} with partition {switch.partition} and credit "
-                    f"{switch.credit}: the ranks diverged")
+                    f"{applied.partition}, credit {applied.credit} and batching threshold {applied.batch}, but "
+                    f"rank 0 switched to trial {switch.trial} at step {switch.step} with partition "
+                    f"{switch.partition}, credit {switch.credit} and batching threshold {switch.batch}: "
+                    f"the ranks diverged")
 
     # -- followers ----------------------------------------------------------------------------
     def _receive(self, body: dict[str, Any]) -> None:
@@ -188,8 +188,7 @@ class TuningSession:
         return switch.params
 
     def _confirm(self, switch: Switch, step: int) -> None:
-        self._channel.report(APPLIED, Applied(self.rank, switch.trial, step, switch.partition,  # type: ignore[union-attr]  # a follower's
-                                              switch.credit).to_body())
+        self._channel.report(APPLIED, Applied.of(self.rank, switch, step).to_body())  # type: ignore[union-attr]  # a follower's
 
     def _wait_for_switch(self, step: int) -> Switch:
         with self._arrived:
@@ -209,19 +208,27 @@ class TuningSession:
         self.current = switch
         if switch.final:
             self.final = switch.params
-            log.info("bytesched tuning: rank %d keeps partition %s, credit %s from step %d", self.rank,
-                     format_size(switch.partition), format_size(switch.credit), switch.step)
+            log.info("bytesched tuning: rank %d keeps partition %s, credit %s%s from step %d", self.rank,
+                     format_size(switch.partition), format_size(switch.credit), _batching(switch.batch), switch.step)
+
+
+def _batching(batch: int) -> str:
+    """``, batching under 1MB`` for a log line (nothing when batching is off)."""
+    return f", batching under {format_size(batch)}" if batch else ""
 
 
 def make_session(config: Config, *, rank: int, world_size: int,
                  channel: LeaderChannel | FollowerChannel | None, arch: str,
-                 model_bytes: int | None = None, warm_start: WarmStart | None = None) -> TuningSession | None:
+                 model_bytes: int | None = None, warm_start: WarmStart | None = None,
+                 batches: bool = False, fuses_submitted: bool = True) -> TuningSession | None:
     """The tuning session this rank's plugin drives, or None when neither ``BYTESCHED_TUNING``
     nor ``BYTESCHED_TUNING_LOAD`` is set (the fixed sizes of ``config.params`` then apply).
 
     ``arch`` (``allreduce`` or ``ps``) picks the search space, which a small model's gradient
     bytes ``model_bytes`` move down (:func:`~bytesched.tuning.space.space_for`; every rank
-    passes the same). ``warm_start``: where the search's first points come from when
+    passes the same); where the backend ``batches``, the batching threshold is searched too.
+    ``fuses_submitted``: the all-reduce backend fuses what is submitted together (Horovod), as
+    the warm start's simulated cluster then does. ``warm_start``: where the search's first points come from when
     ``BYTESCHED_TUNING_PROFILE`` is not set (the job's own observed step,
     :class:`~bytesched.runtime.tuning_warm_start.TuningWarmStart`). Bad settings raise ConfigError
     here, on every rank.
@@ -229,21 +236,21 @@ def make_session(config: Config, *, rank: int, world_size: int,
     if not (config.tuning or config.tuning_load):
         return None
     plan = TrialPlan(config.tuning_steps_per_trial, config.tuning_warmup_steps)
-    space = space_for(arch, config.tuning_floor, model_bytes)
+    space = space_for(arch, config.tuning_floor, model_bytes, batches)
     # Trial 0: the configured sizes on the lattice, which every rank computes alike from its own
     # settings (rank 0 checks that through the confirmations). Loading only: rank 0's message.
     default_partition = partition_size(config.policy, config.params)
     opening = space.nearest(config.params, default_partition) if config.tuning else None
     decider: Decider | None = None
     if rank == 0:
-        decider = _leader_decider(config, plan, space, opening, world_size, warm_start)
+        decider = _leader_decider(config, plan, space, opening, world_size, warm_start, fuses_submitted)
     return TuningSession(rank, world_size, channel=channel, decider=decider, timeout=config.channel_timeout_s,
                          opening=None if opening is None else space.params(opening),
                          first_wait=plan.steps_per_trial if config.tuning else plan.lead, lead=plan.lead)
 
 
 def _leader_decider(config: Config, plan: TrialPlan, space: SearchSpace, opening: Point | None,
-                    world_size: int, warm_start: WarmStart | None) -> Decider:
+                    world_size: int, warm_start: WarmStart | None, fuses_submitted: bool) -> Decider:
     from .log import TuningLog, load_best
 
     loaded = load_best(config.tuning_load) if config.tuning_load else None
@@ -257,7 +264,7 @@ def _leader_decider(config: Config, plan: TrialPlan, space: SearchSpace, opening
         search.suggest(space.nearest(loaded, loaded.partition_bytes), "loaded")  # type: ignore[arg-type]  # set
     predictions = None
     if config.tuning_profile or config.tuning_bandwidth:
-        predictions = background_predictions(config, space, world_size)
+        predictions = background_predictions(config, space, world_size, fuses_submitted)
     elif warm_start is not None:
         predictions = warm_start.predictions(space, config.policy)
     tuning_log = TuningLog(config.tuning_log) if config.tuning_log else None
@@ -265,7 +272,7 @@ def _leader_decider(config: Config, plan: TrialPlan, space: SearchSpace, opening
                  predictions=predictions)
 
 
-def background_predictions(config: Config, space: SearchSpace, world_size: int,
+def background_predictions(config: Config, space: SearchSpace, world_size: int, fuses_submitted: bool = True,
                            ) -> Callable[[], Sequence[Point] | None]:
     """The simulator's warm-start points, computed on a background thread (it takes seconds).
 
@@ -274,7 +281,7 @@ def background_predictions(config: Config, space: SearchSpace, world_size: int,
     failed, which is logged): the tuner polls it at each decision."""
     from .predicted_points import predict_points, warm_start_inputs
 
-    profile, cluster = warm_start_inputs(config, space.arch, world_size)
+    profile, cluster = warm_start_inputs(config, space.arch, world_size, fuses_submitted)
     return predicted_in_background(lambda: predict_points(profile, cluster, space, policy=config.policy))
 
 

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from ..core.config import ConfigError, SchedulingParams, format_size
+from ..core.config import ConfigError, SchedulingParams
 from .log import TuningLog
 from .measure import StepTimer
 from .protocol import Switch, TuningProtocolError
@@ -76,8 +76,7 @@ class FixedChoice:
         if self._announced:
             return None
         self._announced = True
-        return Switch(0, step + self.lead, int(self.params.partition_bytes),  # type: ignore[arg-type]  # sizes set
-                      int(self.params.credit_bytes), None)
+        return Switch.of(0, step + self.lead, self.params, None)
 
 
 class Tuner:
@@ -155,9 +154,7 @@ class Tuner:
 
     def _start_trial(self, index: int, step: int, choice: tuple[Point, str]) -> Switch:
         self._point, self._source = choice
-        params = self.search.space.params(self._point)
-        self._trial = Switch(index, step, int(params.partition_bytes), int(params.credit_bytes),  # type: ignore[arg-type]  # lattice
-                             step + self.plan.steps_per_trial)
+        self._trial = Switch.of(index, step, self.search.space.params(self._point), step + self.plan.steps_per_trial)
         return self._trial
 
     def _finish(self, index: int, step: int) -> Switch:
@@ -166,11 +163,9 @@ class Tuner:
         if self._log is not None:
             self._log.best(params, throughput)
             self._log.close()
-        log.info("bytesched tuning: finished after %d trials; keeping partition %s, credit %s (%.1f samples/s)",
-                 self.search.trials, format_size(params.partition_bytes),  # type: ignore[arg-type]  # lattice sizes
-                 format_size(params.credit_bytes),
-                 throughput)
-        self.final = Switch(index, step, int(params.partition_bytes), int(params.credit_bytes), None)  # type: ignore[arg-type]  # lattice
+        log.info("bytesched tuning: finished after %d trials; keeping %s (%.1f samples/s)",
+                 self.search.trials, self.search.space.describe(point), throughput)
+        self.final = Switch.of(index, step, params, None)
         return self.final
 
     def _take_predictions(self) -> None:

@@ -21,12 +21,13 @@ tests/test_torch_tuning.py sets; each case sets the switch itself (``--cases``, 
 baseline (plain hvd.DistributedOptimizer, or a hand-written all-reduce) and must end with the same
 bits: two-rank sums are exact, so how gradients were partitioned cannot change them. Each prints
 ``CASE`` lines (torch_harness.Reporter) and one ``TUNED {json}`` line: the switches this rank's
-session returned (step, partition, credit), ``tuned_params``, and its longest wait in on_step.
+session returned (step, partition, credit, batching threshold), ``tuned_params``, and its longest wait in on_step.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -64,12 +65,10 @@ class Recorder:
         self.applied = []
         self.longest_wait = 0.0
 
-    def make_session(self, config: Any, *, rank: int, world_size: int, channel: Any, arch: str,
-                     model_bytes: int | None = None, warm_start: Any = None) -> Any:
+    def make_session(self, config: Any, *, channel: Any, rank: int, **options: Any) -> Any:
         if rank == 0 and self.faults:
             channel = FaultyBroadcasts(channel, **self.faults)
-        session = make_session(config, rank=rank, world_size=world_size, channel=channel, arch=arch,
-                               model_bytes=model_bytes, warm_start=warm_start)
+        session = make_session(config, channel=channel, rank=rank, **options)
         if session is None:
             return None
         on_step = session.on_step
@@ -81,7 +80,8 @@ class Recorder:
             finally:  # a failed wait counts too
                 self.longest_wait = max(self.longest_wait, time.monotonic() - began)
             if params is not None:
-                self.applied.append([step, int(params.partition_bytes), int(params.credit_bytes)])
+                self.applied.append([step, int(params.partition_bytes), int(params.credit_bytes),
+                                     int(params.batch_bytes)])
             return params
 
         session.on_step = recorded  # type: ignore[method-assign]
@@ -108,12 +108,14 @@ def set_tuning_env(log_dir: Path, case: str) -> None:
 
 
 def tuned_run(flavor: Flavor, report: Reporter, case: str, expected: list[torch.Tensor], cross_barrier: bool,
-              faults: dict[str, Any] | None = None, between: Callable[[nn.Module, Any], None] | None = None) -> None:
-    """Train with tuning; the same bits as ``expected``, tuning finished; print TUNED."""
+              faults: dict[str, Any] | None = None, between: Callable[[nn.Module, Any], None] | None = None,
+              batch_bytes: int = 0) -> None:
+    """Train with tuning, opening with batching under ``batch_bytes`` (0: off); the same bits as
+    ``expected``, tuning finished; print TUNED."""
     RECORDER.reset(faults)
     model = new_model("wide")
-    optimizer = flavor.scheduled(model, OPTIMIZERS["sgd"](model.parameters()), DEFAULT, "bytescheduler",
-                                 cross_barrier)
+    optimizer = flavor.scheduled(model, OPTIMIZERS["sgd"](model.parameters()),
+                                 dataclasses.replace(DEFAULT, batch_bytes=batch_bytes), "bytescheduler", cross_barrier)
     train(model, optimizer, "wide", flavor.rank, steps=STEPS, between=between)
     optimizer.synchronize()
     got = snapshot(model)
@@ -122,7 +124,8 @@ def tuned_run(flavor: Flavor, report: Reporter, case: str, expected: list[torch.
     report.same(f"{case}/same_as_unscheduled", expected, got)
     report.result(f"{case}/finished", tuned is not None, f"tuned_params={tuned}")
     print("TUNED " + json.dumps({"case": case, "rank": flavor.rank, "applied": RECORDER.applied,
-                                 "tuned": None if tuned is None else [tuned.partition_bytes, tuned.credit_bytes],
+                                 "tuned": None if tuned is None else [tuned.partition_bytes, tuned.credit_bytes,
+                                                                      tuned.batch_bytes],
                                  "longest_wait_s": round(RECORDER.longest_wait, 3)}), flush=True)
 
 
@@ -165,6 +168,8 @@ def main() -> None:
     parser.add_argument("--cases", required=True, help="comma-separated: tune, late, slow, load, lost")
     parser.add_argument("--log-dir", type=Path, required=True)
     parser.add_argument("--delay-s", type=float, default=4.0)
+    parser.add_argument("--opening-batch", type=int, default=0,
+                        help="the configured batching threshold in bytes, trial 0's (0: off)")
     args = parser.parse_args()
     flavor: Flavor = HorovodFlavor() if args.backend == "horovod" else DistributedFlavor()
     torch.set_num_threads(1)
@@ -174,7 +179,8 @@ def main() -> None:
     for case in cases:
         set_tuning_env(args.log_dir, case)
         if case in ("tune", "load"):
-            report.run(case, lambda: tuned_run(flavor, report, case, expected, cross_barrier=True))
+            report.run(case, lambda: tuned_run(flavor, report, case, expected, cross_barrier=True,
+                                               batch_bytes=args.opening_batch))
         elif case == "late":
             report.run(case, lambda: tuned_run(flavor, report, case, expected, cross_barrier=False,
                                                faults={"delay_trial": 1, "delay_s": args.delay_s}))

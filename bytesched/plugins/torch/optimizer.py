@@ -296,16 +296,17 @@ class ScheduledOptimizer(torch.optim.Optimizer, PathAdapter):
     def _start_tuning(self, config: Config, backend: Backend, model_bytes: int,
                       warm: TuningWarmStart | None) -> TuningSession | None:
         """The tuning session driving this Core's sizes (None when tuning is off), searching a
-        lattice fitted to the ``model_bytes`` of gradients this optimizer reduces, its first
-        points predicted from ``warm``'s measurements if given. Only the first optimizer on a
-        Core tunes (a GAN's second one shares the Core, so it runs on the sizes the first one
-        picks)."""
+        lattice fitted to the ``model_bytes`` of gradients this optimizer reduces (and the
+        batching threshold where the backend batches), its first points predicted from
+        ``warm``'s measurements if given. Only the first optimizer on a Core tunes (a GAN's second
+        one shares the Core, so it runs on the sizes the first one picks)."""
         if (config.tuning or config.tuning_load) and self._core in _sized_cores:
             log.info("bytesched tuning: another ScheduledOptimizer of this process already tunes the Core's "
                      "sizes; this one uses them")
             return None
         session = make_session(config, rank=backend.rank, world_size=backend.size, channel=channel_of(self._core),
-                               arch="allreduce", model_bytes=model_bytes, warm_start=warm)
+                               arch="allreduce", model_bytes=model_bytes, warm_start=warm,
+                               batches=backend.batches, fuses_submitted=backend.fuses_by_itself)
         if session is not None:
             _sized_cores.add(self._core)
         return session
