@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from bytesched.core import Config, ConfigError, SchedulingParams, from_env
-from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED, format_size
+from bytesched.core.config import STAY_OUT_FUSION_BYTES, UNLIMITED
 import bytesched.runtime.startup_plan as plan_module
 import bytesched.runtime.start_observer as observer_module
 from bytesched.runtime.calibration import NetworkCost, large_bytes_for, measure_network
@@ -24,9 +24,10 @@ from bytesched.runtime.observed import NothingObserved, ObservedTask, StepRecord
 from bytesched.runtime.start_observer import CALIBRATION_ATTEMPTS
 from bytesched.runtime.startup_plan import (PASSES_THROUGH_UNMEASURED, STAY_OUT, STAY_OUT_MIN_TASKS, StartupPlan,
                                     stay_out_fusion, wants_plan)
-from bytesched.sim import make_cluster, run
+from bytesched.sim import Layer, ModelProfile, Tensor, make_cluster, run
 from bytesched.sim.plan import (FINE_CREDITS, FINE_PARTITIONS, FUSION_MARGIN, PASS_THROUGH_MARGIN, SEARCH_ITERATIONS,
-                                 SEARCH_WARMUP, Plan, candidate_sizes, fused_profile, fusion_pays, make_plan)
+                                 SEARCH_WARMUP, Plan, batch_thresholds, candidate_sizes, fused_profile, fusion_pays,
+                                 make_plan)
 
 
 # -- when it runs -------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def test_a_sized_plan_keeps_the_plugins_tasks(monkeypatch: pytest.MonkeyPatch) -
     simulation is replaced by one that picks sizes, so that how busy the machine is while the
     step is observed cannot change the choice."""
     sized = SchedulingParams(partition_bytes=1_000_000, credit_bytes=2_000_000)
-    monkeypatch.setattr(plan_module, "make_plan", lambda *args: Plan("bytescheduler", sized, 1.0, 1.2, 1.0))
+    monkeypatch.setattr(plan_module, "make_plan", lambda *args, **options: Plan("bytescheduler", sized, 1.0, 1.2, 1.0))
     ranks = BroadcastingRanks(0)
     plan = _planned(0, ranks, fusion_bytes=1_000_000)
     outcome = plan.outcome
@@ -518,8 +519,8 @@ def test_followers_waiting_for_rank0s_order_need_a_larger_predicted_gain(
     import bytesched.runtime.startup_plan as plan_module
 
     margins: list[float] = []
-    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through: margins.append(margin) or
-                        make_plan(profile, cluster, margin, through))
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through, **options:
+                        margins.append(margin) or make_plan(profile, cluster, margin, through, **options))
     core = RecordingCore()
     core.order = order  # type: ignore[misc]
     ps = {"servers": 2, "bigarray_bound": 1_000_000} if arch == "ps" else {}
@@ -540,8 +541,8 @@ def test_the_plan_simulates_the_fusion_of_the_backend_it_runs_on(fuses_submitted
     import bytesched.runtime.startup_plan as plan_module
 
     clusters: list[Any] = []
-    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through: clusters.append(cluster)
-                        or make_plan(profile, cluster, margin, through))
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, margin, through, **options:
+                        clusters.append(cluster) or make_plan(profile, cluster, margin, through, **options))
     core = RecordingCore()
     plan = StartupPlan(core, BroadcastingRanks(0), _timed(0.0002, 0.004), arch="allreduce", model_bytes=32_000_000,
                        drain=lambda: None, fuses_submitted=fuses_submitted)
@@ -581,23 +582,48 @@ def _small_gradients(core: RecordingCore, count: int = 60) -> None:
         core.observer(_sub(f"g{i}", 1, 0.001 + 1e-4 * i, 16_000))  # type: ignore[misc]
 
 
-def test_a_backend_that_batches_gets_the_threshold_with_sizes_where_batching_pays(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sixty 16 KB gradients on a network whose all-reduce costs 5 ms fixed: the sizes (forced)
-    come with a batching threshold, which every rank receives (the third value sent)."""
-    sized = SchedulingParams(partition_bytes=1_000_000, credit_bytes=4_000_000)
-    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, *margins: Plan(
-        "bytescheduler", sized, 1.0, 1.0, 1.0))
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_backend_that_batches_has_the_plan_weigh_batching_with_every_size(
+        batches: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sixty 16 KB gradients over a backend that runs every collective alone at 5 ms fixed cost:
+    the plan weighs each size with batching under the calibration's threshold and under the
+    model's 960 KB too, and picks a batched one, which every rank receives (the third value
+    sent). A backend that does not batch weighs no threshold."""
+    weighed: list[tuple[float, ...]] = []
+    monkeypatch.setattr(plan_module, "make_plan", lambda *args, batch_thresholds=(), **options: weighed.append(
+        tuple(batch_thresholds)) or make_plan(*args, batch_thresholds=batch_thresholds, **options))
     monkeypatch.setattr(time, "monotonic", lambda: 0.0)
     core, ranks = RecordingCore(), BroadcastingRanks(0)
     plan = StartupPlan(core, ranks, _timed(0.005, 0.15), arch="allreduce", model_bytes=960_000,
-                       drain=lambda: None, batches=True)
+                       drain=lambda: None, batches=batches, fuses_submitted=False)
     plan.on_step(0)
     plan.on_step(1)
     _small_gradients(core)
     monkeypatch.setattr(time, "monotonic", lambda: 0.02)
     params = plan.on_step(2)
     threshold = NetworkCost(0.005, 0.15, 4_000_000).batch_threshold()
-    assert params == dataclasses.replace(sized, batch_bytes=threshold)  # type: ignore[arg-type]
-    assert ranks.sent[3] == threshold
-    assert f"batching pieces under {format_size(threshold)} while busy" in plan.outcome.summary  # type: ignore[union-attr]
+    if not batches:
+        assert weighed == [()] and (params is None or not params.batch_bytes)
+        return
+    assert weighed == [(threshold, 960_000.0)]
+    assert params is not None and params.batch_bytes in (threshold, 960_000)
+    assert ranks.sent[3] == params.batch_bytes
+    assert "while busy" in plan.outcome.summary  # type: ignore[union-attr]
+
+
+def test_the_plan_weighs_batching_like_sizes_and_keeps_it_only_where_it_pays() -> None:
+    """Batching is a candidate of the search, not an afterthought to sizes: on sixty small
+    gradients where each collective pays 5 ms, every size alone stays out (each piece pays the
+    fixed cost) and batching wins; where the fixed cost is negligible, no threshold is chosen."""
+    profile = ModelProfile("small", tuple(Layer(f"l{i}", forward=0.001, backward=0.001,
+                                                tensors=(Tensor(f"t{i}", 16_000),)) for i in range(60)))
+    costly = make_cluster(arch="allreduce", workers=4, bandwidth="1Gbps", overhead="5ms", fusion_threshold=0)
+    assert make_plan(profile, costly).policy == "fifo"
+    thresholds = batch_thresholds(200_000, profile)
+    assert thresholds == (200_000, 960_000.0)
+    chosen = make_plan(profile, costly, batch_thresholds=thresholds)
+    assert chosen.policy == "bytescheduler" and chosen.params.batch_bytes in thresholds
+    assert "while busy" in chosen.describe()
+    cheap = make_cluster(arch="allreduce", workers=4, bandwidth="1Gbps", overhead="1us", fusion_threshold=0)
+    assert not make_plan(profile, cheap, batch_thresholds=thresholds).params.batch_bytes
+    assert batch_thresholds(0, profile) == (960_000.0,)

@@ -89,8 +89,8 @@ def test_a_ps_plan_simulates_the_jobs_servers(monkeypatch: pytest.MonkeyPatch) -
 
     clusters: list[Any] = []
     real = plan_module.make_plan
-    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, *margins: clusters.append(cluster) or
-                        real(profile, cluster, *margins))
+    monkeypatch.setattr(plan_module, "make_plan", lambda profile, cluster, *margins, **options:
+                        clusters.append(cluster) or real(profile, cluster, *margins, **options))
     core = RecordingCore()
     plan = StartupPlan(core, BroadcastingRanks(0), _timed(0.0002, 0.004), arch="ps", model_bytes=2_000_000,
                        drain=lambda: None, servers=2, bigarray_bound=1_000_000)

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from bytesched.sim.plan import BATCHING_RULE
+
 FIXED_BYTES = 4
 """The small operation's size: one float32, so its time is all fixed cost."""
 ROUNDS = 3
@@ -101,11 +103,10 @@ class NetworkCost:
 
     def batch_threshold(self) -> int:
         """The size below which pieces are worth batching, from the linear cost
-        ``f(d) = a + b d`` through both measurements (Caramel's rule): the smallest ``x`` for which
-        two pieces of ``x`` sent as one cost over 0.8 of sending them apart,
-        ``f(2x) / 2f(x) > 0.8``, i.e. ``x = 1.5 a / b``; below it the fixed cost dominates."""
+        ``f(d) = a + b d`` through both measurements (Caramel's rule,
+        :data:`~bytesched.sim.plan.BATCHING_RULE`)."""
         per_byte = (self.large_seconds - self.fixed_seconds) / self.large_bytes
-        return int(1.5 * self.fixed_seconds / per_byte)
+        return int(BATCHING_RULE * self.fixed_seconds / per_byte)
 
     def describe(self) -> str:
         """One phrase for a log line."""

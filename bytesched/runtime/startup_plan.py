@@ -47,8 +47,8 @@ from typing import Callable
 from bytesched.core import Config, Core, SchedulingParams
 from bytesched.core.channel import ChannelError
 from bytesched.core.config import UNLIMITED, format_size
-from bytesched.sim.plan import (PASS_THROUGH_MARGIN, STAY_OUT, STAY_OUT_MARGIN, Plan, batching_pays, fusion_pays,
-                                make_plan)
+from bytesched.sim.plan import (PASS_THROUGH_MARGIN, STAY_OUT, STAY_OUT_MARGIN, Plan, batch_thresholds,
+                                fusion_pays, make_plan)
 
 from .calibration import NetworkCost
 from .lifecycle import Ranks
@@ -145,9 +145,9 @@ class StartupPlan(StartObserver):
         tries_sizes: sizes it chooses are timed against staying out and passing through before
             they are kept (:mod:`.plan_trial`, ``BYTESCHED_PLAN_TRIAL``); only for a plugin that
             can pass through at any step boundary.
-        batches: the plugin's backend can start batches (batching while busy): sizes it chooses
-            come with the calibration's batching threshold where the simulator predicts that it
-            pays (:func:`bytesched.sim.plan.batching_pays`).
+        batches: the plugin's backend can start batches (batching while busy): every size is
+            also weighed with batching under the calibration's threshold and under the model's
+            bytes (:func:`bytesched.sim.plan.batch_thresholds`).
     """
 
     def __init__(self, core: Core, ranks: Ranks, operation: Operation, *, arch: str, model_bytes: int,
@@ -220,7 +220,9 @@ class StartupPlan(StartObserver):
         try:
             job = self._observed_job(network, start, end)
             started = time.perf_counter()
-            plan = make_plan(job.profile, job.cluster, self._sized_margin(), self._pass_through_margin)
+            thresholds = batch_thresholds(network.batch_threshold(), job.profile) if self._batches else ()
+            plan = make_plan(job.profile, job.cluster, self._sized_margin(), self._pass_through_margin,
+                             batch_thresholds=thresholds)
             fusion, fusion_note = self._weigh_fusion(bound, job, plan)
             seconds = time.perf_counter() - started
         except Exception as exc:  # nothing observed, or the simulator refused the measurements
@@ -228,9 +230,6 @@ class StartupPlan(StartObserver):
         chosen = _params_of(plan)
         summary = (f"{job.describe(self.operation_name)}; chose {plan.describe()}, predicted "
                    f"{plan.predicted_speedup:.2f}x over staying out (planned in {seconds:.2f} s)")
-        if self._batches and chosen != STAY_OUT:
-            chosen, note = self._weigh_batching(plan, job, network)
-            summary += f"; {note}"
         if plan.policy == "fifo":
             summary += (f"; the best sizes predicted {plan.sized_gain:.2f}x"
                         + ("; passing through" if plan.passes_through else ""))
@@ -251,18 +250,6 @@ class StartupPlan(StartObserver):
             return bound, f"{_fused(bound)} (predicted {ratio:.2f}x the time in the observed tasks)"
         return None, (f"the observed tasks kept (fused into tasks filled to {format_size(bound)}: "
                       f"predicted {ratio:.2f}x their time)")
-
-    @staticmethod
-    def _weigh_batching(plan: Plan, job: ObservedJob, network: NetworkCost) -> tuple[SchedulingParams, str]:
-        """Rank 0: the sized ``plan``'s sizes, with the calibration's batching threshold where the
-        simulator predicts batching while busy faster; and the words that say what was weighed."""
-        threshold = network.batch_threshold()
-        if threshold < 1:
-            return plan.params, "no batching (the calibration found no fixed cost per operation)"
-        pays, ratio = batching_pays(plan, job.profile, job.cluster, threshold)
-        verdict = "batching" if pays else "not batching"
-        note = f"{verdict} pieces under {format_size(threshold)} while busy (predicted {ratio:.2f}x the time)"
-        return (dataclasses.replace(plan.params, batch_bytes=threshold) if pays else plan.params), note
 
     def _sized_margin(self) -> float:
         """The predicted gain a sized plan needs over staying out of the way on this backend."""

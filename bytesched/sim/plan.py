@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..core.config import UNLIMITED, SchedulingParams
 from ..core.task import filled_runs
@@ -134,25 +135,50 @@ class Plan:
         if self.policy == "fifo":
             return "fifo: no partitioning, no credit limit (no predicted gain from scheduling)"
         partition = self.params.partition_bytes / 1e6  # type: ignore[operator]  # a sized plan's is set
+        batching = f", batching pieces under {self.params.batch_bytes / 1e6:g} MB while busy" \
+            if self.params.batch_bytes else ""
         return (f"bytescheduler: {partition:g} MB partitions, "
-                f"{self.params.credit_bytes / 1e6:g} MB credit" + (", decoupled all-reduce" if self.decoupled else ""))
+                f"{self.params.credit_bytes / 1e6:g} MB credit" + (", decoupled all-reduce" if self.decoupled else "")
+                + batching)
 
 
 def make_plan(profile: ModelProfile, cluster: Cluster, margin: float = STAY_OUT_MARGIN,
-              pass_through_margin: float = PASS_THROUGH_MARGIN, decoupled: bool = False) -> Plan:
+              pass_through_margin: float = PASS_THROUGH_MARGIN, decoupled: bool = False,
+              batch_thresholds: Sequence[float] = ()) -> Plan:
     """The fastest candidate for ``profile`` on ``cluster``: fifo unless a sized one is predicted
     faster by ``margin`` (a fraction of fifo's iteration time); staying out passes through unless
-    a sized one is predicted faster by ``pass_through_margin``. With ``decoupled`` (all-reduce)
-    every size is also weighed as a decoupled all-reduce (:mod:`.decoupled`), kept on the same
-    terms: a backend with reduce-scatter and all-gather could run it."""
+    a sized one is predicted faster by ``pass_through_margin``. On all-reduce, every size is also
+    weighed as a decoupled all-reduce (:mod:`.decoupled`) with ``decoupled``, and batching while
+    busy under each of ``batch_thresholds`` (:func:`batch_thresholds`; for a backend that runs
+    every collective alone, as ``cluster`` must then model), each kept on the same terms."""
     stay_out = search_seconds(profile, cluster, "fifo", STAY_OUT)
-    schedules = (False, True) if decoupled and cluster.arch == "allreduce" else (False,)
+    schedules: list[tuple[SchedulingParams, bool]] = []
+    for params in candidate_sizes(profile, cluster):
+        schedules.append((params, False))
+        if cluster.arch == "allreduce":
+            schedules += [(params, True)] if decoupled else []
+            schedules += [(dataclasses.replace(params, batch_bytes=t), False) for t in batch_thresholds]
     (params, split), best = min((((params, split), search_seconds(profile, cluster, "bytescheduler", params, split))
-                                 for params in candidate_sizes(profile, cluster) for split in schedules),
+                                 for params, split in schedules),
                                 key=lambda candidate: candidate[1])
     if best < (1 - margin) * stay_out:
         return Plan("bytescheduler", params, best, stay_out, best, pass_through_margin, split)
     return Plan("fifo", STAY_OUT, stay_out, stay_out, best, pass_through_margin)
+
+
+BATCHING_RULE = 1.5
+"""Caramel's rule for the batching threshold, ``x = BATCHING_RULE * a / b`` for an operation
+costing ``a + b * bytes``: two pieces of ``x`` sent as one cost over 0.8 of sending them apart,
+``f(2x) / 2f(x) > 0.8``; below it the fixed cost dominates."""
+
+
+def batch_thresholds(rule_bytes: float, profile: ModelProfile) -> tuple[float, ...]:
+    """The batching thresholds a plan weighs: Caramel's rule (``rule_bytes``, where it found a
+    fixed cost), and every piece ready while the window is busy, up to the model's bytes. In the
+    simulator the gain over torch.distributed grew with the threshold up to the credit's bytes
+    (docs/tuning.md, "The batching threshold"), beyond where the rule puts it."""
+    whole = float(profile.nbytes)
+    return tuple(dict.fromkeys(t for t in (rule_bytes, whole) if t >= 1))
 
 
 def keeps_the_faster_path(plan: Plan, cluster: Cluster) -> bool:
@@ -192,23 +218,6 @@ def fusion_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, fusion_byte
     fused = search_seconds(fused_profile(profile, fusion_bytes), cluster, "fifo", STAY_OUT)
     ratio = fused / plan.stay_out_iteration_time
     return ratio <= 1 + FUSION_MARGIN, ratio
-
-
-BATCHING_MARGIN = 0.01
-"""The predicted gain batching while busy needs over the plan's sizes without it."""
-
-
-def batching_pays(plan: Plan, profile: ModelProfile, cluster: Cluster, batch_bytes: int) -> tuple[bool, float]:
-    """Whether a sized ``plan`` (made for ``profile`` on ``cluster``) gains by batching pieces under
-    ``batch_bytes`` while busy on a backend that runs every collective alone (torch.distributed,
-    whose followers start rank 0's batches): predicted faster by :data:`BATCHING_MARGIN`. Returns
-    that and the predicted ratio of the iteration times (batched over not)."""
-    alone = dataclasses.replace(cluster, fusion_threshold=0)
-    base = search_seconds(profile, alone, plan.policy, plan.params, plan.decoupled)
-    batched = search_seconds(profile, alone, plan.policy, dataclasses.replace(plan.params, batch_bytes=batch_bytes),
-                             plan.decoupled)
-    ratio = batched / base
-    return ratio <= 1 - BATCHING_MARGIN, ratio
 
 
 def search_seconds(profile: ModelProfile, cluster: Cluster, policy: str, params: SchedulingParams,

@@ -43,8 +43,8 @@ def replace_plan(case: str, operation: str) -> None:
     if case == "forced":
         real = plan_module.make_plan
 
-        def forced(*args: object) -> Plan:
-            simulated = real(*args)  # type: ignore[arg-type]
+        def forced(*args: object, **options: object) -> Plan:
+            simulated = real(*args, **options)  # type: ignore[arg-type]
             return Plan("bytescheduler", FORCED, simulated.search_iteration_time, simulated.stay_out_iteration_time,
                         simulated.search_iteration_time)
         plan_module.make_plan = forced  # type: ignore[assignment]

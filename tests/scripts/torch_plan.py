@@ -111,18 +111,18 @@ UpdatePipeline.fuse = recording(UpdatePipeline.fuse)  # type: ignore[method-assi
 UpdatePipeline.unfuse = recording(UpdatePipeline.unfuse)  # type: ignore[method-assign]
 
 
-def forced_plan(*args: Any) -> Plan:
+def forced_plan(*args: Any, **options: Any) -> Plan:
     """Rank 0's simulation, replaced: always the FORCED sizes (the real one runs first, so the
     case pays what a real plan costs)."""
-    real = make_plan(*args)
+    real = make_plan(*args, **options)
     return Plan("bytescheduler", FORCED, real.search_iteration_time, real.stay_out_iteration_time,
                 real.search_iteration_time)
 
 
-def staying_out_plan(*args: Any) -> Plan:
+def staying_out_plan(*args: Any, **options: Any) -> Plan:
     """Rank 0's simulation, replaced (after the real one): always stay out of the way, with sizes
     predicted to gain 10 %: on the CPU that keeps bytesched's path, on a GPU it passes through."""
-    real = make_plan(*args)
+    real = make_plan(*args, **options)
     stay_out = real.stay_out_iteration_time
     return Plan("fifo", STAY_OUT, stay_out, stay_out, stay_out / 1.1, real.pass_through_margin)
 
