@@ -323,7 +323,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BYTESCHED_BATCH_BYTES", "params.batch_bytes", _size_or_off, "0 (off)",
              "Batching while busy: sub-tasks smaller than this that become ready while others are in flight "
              "start together as one backend operation of at most this many bytes (over torch.distributed; "
-             "0 switches it off). Unset, the start-up plan chooses it from the calibrated per-operation cost."),
+             "0 switches it off). Unset, the start-up plan weighs it with every size (the calibrated per-operation "
+             "cost's threshold, or the model's bytes); under BYTESCHED_TUNING it is tuned, this value is trial 0's."),
     Variable("BYTESCHED_FUSION_BYTES", "fusion_bytes", _size, "1MB",
              "Tensor fusion (PyTorch plugin, MXNet over Horovod): gradients of consecutive parameters are "
              "all-reduced as one task while they hold at most this many bytes together (1 switches fusion off). "
