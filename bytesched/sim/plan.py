@@ -175,8 +175,9 @@ costing ``a + b * bytes``: two pieces of ``x`` sent as one cost over 0.8 of send
 def batch_thresholds(rule_bytes: float, profile: ModelProfile) -> tuple[float, ...]:
     """The batching thresholds a plan weighs: Caramel's rule (``rule_bytes``, where it found a
     fixed cost), and every piece ready while the window is busy, up to the model's bytes. In the
-    simulator the gain over torch.distributed grew with the threshold up to the credit's bytes
-    (docs/tuning.md, "The batching threshold"), beyond where the rule puts it."""
+    simulator the gain over torch.distributed grew with the threshold up to the credit's bytes,
+    beyond where the rule puts it, and the plan batched under the model's bytes wherever it
+    batched (docs/experiments/plan-batching.md)."""
     whole = float(profile.nbytes)
     return tuple(dict.fromkeys(t for t in (rule_bytes, whole) if t >= 1))
 
