@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from bytesched.sim.plan import BATCHING_RULE
+from bytesched.sim.plan import rule_threshold
 
 FIXED_BYTES = 4
 """The small operation's size: one float32, so its time is all fixed cost."""
@@ -104,9 +104,8 @@ class NetworkCost:
     def batch_threshold(self) -> int:
         """The size below which pieces are worth batching, from the linear cost
         ``f(d) = a + b d`` through both measurements (Caramel's rule,
-        :data:`~bytesched.sim.plan.BATCHING_RULE`)."""
-        per_byte = (self.large_seconds - self.fixed_seconds) / self.large_bytes
-        return int(BATCHING_RULE * self.fixed_seconds / per_byte)
+        :func:`~bytesched.sim.plan.rule_threshold`)."""
+        return rule_threshold(self.fixed_seconds, (self.large_seconds - self.fixed_seconds) / self.large_bytes)
 
     def describe(self) -> str:
         """One phrase for a log line."""

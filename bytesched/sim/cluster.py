@@ -129,6 +129,11 @@ class Cluster:
             (``BYTESCHED_FUSION_BYTES`` of the PyTorch plugin and of MXNet over Horovod):
             consecutive tensors share one task while they hold at most this many bytes
             together; 0: one task per tensor.
+        vanilla_bucket_bytes: the framework's own buckets in a vanilla all-reduce job (DDP's
+            ``bucket_cap_mb``): consecutive tensors share one all-reduce while they hold at most
+            this many bytes together, each started once its last gradient is ready; 0: Horovod's
+            fusion cycle (``fusion_threshold``, ``cycle_time``) instead. Over torch.distributed
+            set ``fusion_threshold=0`` too: c10d runs every collective alone.
         worker_specs: rank -> :class:`WorkerSpec` for heterogeneous workers.
     """
 
@@ -147,6 +152,7 @@ class Cluster:
     cycle_time: float = 1e-3
     asynchronous: bool = False
     bucket_bytes: float = 0.0
+    vanilla_bucket_bytes: float = 0.0
     worker_specs: tuple[tuple[int, WorkerSpec], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -172,7 +178,7 @@ class Cluster:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0")
-        for name in ("fusion_threshold", "bucket_bytes"):
+        for name in ("fusion_threshold", "bucket_bytes", "vanilla_bucket_bytes"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0 bytes")
         if not isinstance(self.bigarray_bound, int) or self.bigarray_bound < 1:

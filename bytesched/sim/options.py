@@ -14,7 +14,7 @@ from .simulator import VANILLA
 
 _BANDWIDTH_FIELDS = ("bandwidth", "server_bandwidth")
 _DURATION_FIELDS = ("overhead", "latency", "cycle_time")
-_SIZE_FIELDS = ("fusion_threshold", "bucket_bytes")
+_SIZE_FIELDS = ("fusion_threshold", "bucket_bytes", "vanilla_bucket_bytes")
 _INT_FIELDS = ("workers", "servers", "bigarray_bound")
 SWEEPABLE = ("bandwidth", "workers", "servers", "server_bandwidth", "overhead", "latency",
              "partition", "credit")

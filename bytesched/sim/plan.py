@@ -35,7 +35,8 @@ from ..core.config import UNLIMITED, SchedulingParams
 from ..core.task import filled_runs
 from .cluster import Cluster
 from .profile import Layer, ModelProfile, Tensor
-from .simulator import run
+from .engine import EventLoop
+from .simulator import collective_cost, make_fabric, run
 
 PLAN = "plan"
 """The name of the plan's row in ``bytesched simulate``."""
@@ -170,6 +171,22 @@ BATCHING_RULE = 1.5
 """Caramel's rule for the batching threshold, ``x = BATCHING_RULE * a / b`` for an operation
 costing ``a + b * bytes``: two pieces of ``x`` sent as one cost over 0.8 of sending them apart,
 ``f(2x) / 2f(x) > 0.8``; below it the fixed cost dominates."""
+
+
+def rule_threshold(fixed_seconds: float, seconds_per_byte: float) -> int:
+    """Caramel's batching threshold (:data:`BATCHING_RULE`) for an operation costing
+    ``fixed_seconds + seconds_per_byte * bytes``; 0 where it has no cost per byte."""
+    return int(BATCHING_RULE * fixed_seconds / seconds_per_byte) if seconds_per_byte > 0 else 0
+
+
+def cluster_thresholds(profile: ModelProfile, cluster: Cluster) -> tuple[float, ...]:
+    """:func:`batch_thresholds` for ``profile`` on ``cluster``, the rule's threshold from the
+    cluster's own cost of a 4-byte and a whole-model all-reduce (what the runtime's calibration
+    measures on a real network)."""
+    cost = collective_cost(cluster, make_fabric(cluster, EventLoop(), cluster.worker_classes()))
+    fixed = cost.seconds(4)
+    per_byte = (cost.seconds(profile.nbytes) - fixed) / profile.nbytes
+    return batch_thresholds(rule_threshold(fixed, per_byte), profile)
 
 
 def batch_thresholds(rule_bytes: float, profile: ModelProfile) -> tuple[float, ...]:

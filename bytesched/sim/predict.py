@@ -18,7 +18,8 @@ from .cluster import Cluster, format_bandwidth
 from .options import format_value, make_cluster, make_params, parse_sweep, policy_names
 from . import bound
 from .bound import Breakdown, achievable_time, communication_time, compute_time
-from .plan import PLAN, STAY_OUT, candidate_sizes, keeps_the_faster_path, make_plan, search_seconds
+from .plan import (PLAN, STAY_OUT, candidate_sizes, cluster_thresholds, keeps_the_faster_path, make_plan,
+                   search_seconds)
 from .profile import ModelProfile, load_profile
 from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, VANILLA, run
 
@@ -38,6 +39,8 @@ class PolicyPrediction:
     """How long the simulation itself took (all tuning runs included)."""
     decoupled: bool = False
     """It ran as a decoupled all-reduce (the plan's choice, :mod:`.decoupled`)."""
+    batch_bytes: float = 0.0
+    """It batched pieces under this many bytes while busy (the plan's choice; 0: no batching)."""
 
 
 @dataclass
@@ -120,8 +123,8 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
              partition: str | float | None = None, credit: str | float | None = None,
              sweep: tuple[str, Sequence[Any]] | str | None = None, iterations: int = DEFAULT_ITERATIONS,
              warmup: int = DEFAULT_WARMUP, tune: bool | Sequence[SchedulingParams] = False,
-             breakdown: bool = False, decoupled: bool = False, cluster: Cluster | None = None,
-             **cluster_options: Any) -> Report:
+             breakdown: bool = False, decoupled: bool = False, batching: bool = False,
+             cluster: Cluster | None = None, **cluster_options: Any) -> Report:
     """Predict iteration time, throughput and speedup over vanilla for every policy.
 
     Args:
@@ -138,6 +141,9 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
             :class:`SchedulingParams`, instead of ``partition``/``credit``.
         decoupled: the plan also weighs a decoupled all-reduce (DeAR, :mod:`.decoupled`), which
             no plugin runs yet.
+        batching: the plan also weighs batching while busy with every size, as over
+            torch.distributed (:func:`~.plan.cluster_thresholds`; the cluster should run every
+            collective alone, ``fusion_threshold=0``).
         breakdown: also say where the gap between the ideal and the plan goes
             (:func:`.bound.breakdown`: up to 63 more short simulations).
         cluster: a :class:`Cluster`; ``cluster_options`` (``arch="ps"``, ``workers=16``,
@@ -161,7 +167,7 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
             point = replace(base, **changes)
         params = make_params(part, cred)
         prediction = predict(model, point, names, params, iterations=iterations, warmup=warmup, tune=tune,
-                             breakdown=breakdown, decoupled=decoupled)
+                             breakdown=breakdown, decoupled=decoupled, batching=batching)
         prediction.sweep_value = value
         predictions.append(prediction)
     return Report(predictions, variable, names)
@@ -170,19 +176,21 @@ def simulate(profile: str | ModelProfile = "vgg16", *, policies: Iterable[str] |
 def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], params: SchedulingParams, *,
             iterations: int = DEFAULT_ITERATIONS, warmup: int = DEFAULT_WARMUP,
             tune: bool | Sequence[SchedulingParams] = False, breakdown: bool = False,
-            decoupled: bool = False) -> Prediction:
+            decoupled: bool = False, batching: bool = False) -> Prediction:
     """Run vanilla and every policy in ``policies`` on ``cluster``; with ``tune``, each policy
     that has a credit window runs at the best (partition, credit) of :func:`tuning_grid` (or of
     the given candidates) instead of ``params``. :data:`~.plan.PLAN` runs what
-    :func:`~.plan.make_plan` chooses, weighing a decoupled all-reduce too with ``decoupled``. With
+    :func:`~.plan.make_plan` chooses, weighing a decoupled all-reduce too with ``decoupled`` and
+    batching while busy with ``batching``. With
     ``breakdown``, the prediction says where the gap from the ideal to the plan goes
     (:func:`.bound.breakdown`)."""
     grid = tuning_grid(profile, cluster) if tune is True else list(tune or [])
+    thresholds = cluster_thresholds(profile, cluster) if batching and cluster.arch == "allreduce" else ()
     runs = []
     for name in [VANILLA, *[p for p in policies if p != VANILLA]]:
         started = time.perf_counter()
         if name == PLAN:
-            chosen = make_plan(profile, cluster, decoupled=decoupled)
+            chosen = make_plan(profile, cluster, decoupled=decoupled, batch_thresholds=thresholds)
             outcome = run(profile, cluster, chosen.policy, chosen.params, iterations=iterations, warmup=warmup,
                           decoupled=chosen.decoupled)
             if keeps_the_faster_path(chosen, cluster):
@@ -197,7 +205,7 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
     prediction = Prediction(profile, cluster, compute_time(profile, cluster), communication_time(profile, cluster), [],
                             achievable_time=achievable_time(profile, cluster))
     if breakdown:
-        chosen = make_plan(profile, cluster, decoupled=decoupled)
+        chosen = make_plan(profile, cluster, decoupled=decoupled, batch_thresholds=thresholds)
         seconds = search_seconds(profile, cluster, chosen.policy, chosen.params, chosen.decoupled)
         if keeps_the_faster_path(chosen, cluster):
             seconds = min(seconds, search_seconds(profile, cluster, VANILLA, STAY_OUT))
@@ -205,7 +213,8 @@ def predict(profile: ModelProfile, cluster: Cluster, policies: Sequence[str], pa
     vanilla = runs[0][0].iteration_time
     prediction.results = [
         PolicyPrediction(r.policy, r.iteration_time, prediction.samples_per_second(r.iteration_time),
-                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall, r.decoupled)
+                         vanilla / r.iteration_time, r.partition_bytes, r.credit_bytes, wall, r.decoupled,
+                         r.batch_bytes)
         for r, wall in runs]
     return prediction
 
@@ -229,6 +238,8 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
     if c.arch == "ps":
         where += (f" ({c.num_servers} servers, {c.assignment} placement"
                   f"{', asynchronous' if c.asynchronous else ''})")
+    elif c.vanilla_bucket_bytes:
+        where += f" (vanilla in {format_size(c.vanilla_bucket_bytes)} buckets)"
     where += (f", {format_bandwidth(c.bandwidth)} {c.topology}, overhead {c.overhead * 1e6:g}us, "
               f"latency {c.latency * 1e6:g}us")
     if c.worker_specs:
@@ -244,7 +255,8 @@ def _block(p: Prediction, sweep_variable: str | None) -> str:
         part = "-" if r.policy == VANILLA else format_size(r.partition_bytes)
         cred = "-" if r.credit_bytes is None else format_size(r.credit_bytes)
         lines.append(f"{r.policy:<15}{part:>10}{cred:>9}{r.iteration_time * 1e3:>10.2f} ms"
-                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x" + ("  (decoupled all-reduce)" if r.decoupled else ""))
+                     f"{r.throughput:>12.1f}{r.speedup:>8.2f}x" + ("  (decoupled all-reduce)" if r.decoupled else "")
+                     + (f"  (batching under {format_size(r.batch_bytes)} while busy)" if r.batch_bytes else ""))
     ideal = p.ideal_time
     lines.append(f"{'ideal':<15}{'':>10}{'':>9}{ideal * 1e3:>10.2f} ms{p.samples_per_second(ideal):>12.1f}"
                  f"{p.vanilla.iteration_time / ideal:>8.2f}x")

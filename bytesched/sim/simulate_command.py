@@ -11,6 +11,7 @@ from .plan import PLAN
 from .cluster import ARCHS, ASSIGNMENTS, COLLECTIVES, TOPOLOGIES
 from .options import SWEEPABLE
 from .predict import simulate
+from .backends import BACKENDS
 from .profile import ProfileError, shipped_profiles
 from .simulator import DEFAULT_ITERATIONS, DEFAULT_WARMUP, SimulationError
 
@@ -41,10 +42,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="ps: asynchronous SGD (MXNet's dist_async): each worker goes on after its own push and pull, "
                         "a server applies each push alone")
     p.add_argument("--assignment", choices=ASSIGNMENTS, default="mxnet", help="PS key placement (default mxnet)")
-    p.add_argument("--fusion-threshold", default="128MiB", help="Horovod fusion buffer of vanilla all-reduce")
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="horovod",
+                   help="the all-reduce's framework: horovod (its fusion cycle fuses what is submitted together; "
+                        "default) or torch-distributed (DDP's 25 MiB buckets as vanilla, every collective alone, the "
+                        "PyTorch plugin's 1 MB buckets, and the plan weighs batching while busy with every size)")
+    p.add_argument("--fusion-threshold", help="Horovod fusion buffer of vanilla all-reduce (default 128MiB; "
+                   "0 with --backend torch-distributed)")
     p.add_argument("--cycle-time", default="1ms", help="Horovod cycle time of vanilla all-reduce")
     p.add_argument("--bucket-bytes", help="bytesched's tensor fusion of scheduled all-reduce "
-                   "(BYTESCHED_FUSION_BYTES of the PyTorch plugin and MXNet over Horovod, e.g. 1MB; default: none)")
+                   "(BYTESCHED_FUSION_BYTES of the PyTorch plugin and MXNet over Horovod, e.g. 1MB; default: none, "
+                   "1MB with --backend torch-distributed)")
     p.add_argument("--policy", default=",".join([*SIMULATED_POLICIES, PLAN]),
                    help=f"comma-separated policies (default all: {','.join(SIMULATED_POLICIES)}; tictac: TAC "
                         f"on the profile's layer chain) and {PLAN} (the sizes a job gets with no settings, chosen by "
@@ -73,16 +80,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    backend = BACKENDS[args.backend]
     try:
         report = simulate(
             args.profile, policies=args.policy, partition=args.partition, credit=args.credit,
             sweep=args.sweep, iterations=args.iterations, warmup=args.warmup, tune=args.tune,
-            breakdown=args.breakdown, decoupled=args.decoupled,
+            breakdown=args.breakdown, decoupled=args.decoupled, batching=backend.batches,
             arch=args.arch, workers=args.workers, bandwidth=args.bandwidth, servers=args.servers,
             server_bandwidth=args.server_bandwidth, topology=args.topology, overhead=args.overhead,
             latency=args.latency, collective=args.collective, assignment=args.assignment,
             asynchronous=args.asynchronous or None,
-            fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time, bucket_bytes=args.bucket_bytes,
+            fusion_threshold=_or(args.fusion_threshold, backend.fusion_threshold), cycle_time=args.cycle_time,
+            bucket_bytes=_or(args.bucket_bytes, backend.bucket_bytes),
+            vanilla_bucket_bytes=backend.vanilla_bucket_bytes,
             worker_specs=args.worker or None)
     except (ConfigError, ProfileError, SimulationError, ValueError) as error:
         print(f"bytesched simulate: {error}", file=sys.stderr)
@@ -96,3 +106,8 @@ def main(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _or(given: str | None, preset: float | None) -> str | float | None:
+    """The command line's value where given, else the backend's (None: the cluster's default)."""
+    return given if given is not None else preset

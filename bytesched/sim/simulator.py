@@ -80,6 +80,8 @@ class RunResult:
     trace: Trace | None = None
     decoupled: bool = False
     """Each all-reduce ran as a reduce-scatter and, in the next forward pass, an all-gather."""
+    batch_bytes: float = 0.0
+    """Pieces under this many bytes started in batches while busy (0: none did)."""
 
 
 # -- backends as the workers see them -----------------------------------------------------------
@@ -211,8 +213,9 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
     leader_policy = make_policy(policy_name, params)
     partition_bytes = leader_policy.partition_bytes()
     plans = tensor_plans(profile, partition_bytes, priorities)
-    if cluster.arch == "allreduce" and not vanilla and cluster.bucket_bytes > 0:
-        plans = fuse(plans, cluster.bucket_bytes)
+    buckets = cluster.vanilla_bucket_bytes if vanilla else cluster.bucket_bytes
+    if cluster.arch == "allreduce" and buckets > 0:
+        plans = fuse(plans, buckets)
 
     loop = EventLoop()
     classes = cluster.worker_classes()
@@ -293,6 +296,7 @@ def run(profile: ModelProfile, cluster: Cluster, policy: str, params: Scheduling
         leader_policy=leader_policy,
         trace=Trace(leader.finished_subtasks or [], leader.compute_spans or []) if trace else None,
         decoupled=decoupled,
+        batch_bytes=params.batch_bytes if batching else 0.0,
     )
 
 

@@ -2,19 +2,20 @@
 against batching weighed after the sizes.
 
 For every all-reduce scenario of ``python -m benchmarks scale``'s issue grid and held-out grid,
-the job runs as over torch.distributed (every collective alone, the PyTorch plugin's 1 MB
-buckets). Two plans are made, each with a margin of 5 % (sizes tried against staying out, the
-CPU's) and of 25 % (untried, a GPU's):
+the job runs as over torch.distributed (``bytesched simulate --backend torch-distributed``: every
+collective alone, the PyTorch plugin's 1 MB buckets, vanilla DDP's 25 MiB buckets). Two plans
+are made, each with a margin of 5 % (sizes tried against staying out, the CPU's) and of 25 %
+(untried, a GPU's):
 
 - ``after``: sizes chosen alone, then the calibration's batching threshold added where it is
   predicted 1 % faster (the rule before batching joined the search);
 - ``with``: :func:`bytesched.sim.plan.make_plan` weighing every size also with batching under the
   calibration's threshold and under the model's bytes (:func:`~bytesched.sim.plan.batch_thresholds`).
 
-Each plan's choice is then simulated in full against the grid's vanilla (Horovod's fusion cycle,
-as ``benchmarks scale`` reports speedups); staying out counts as vanilla's speed. Writes the rows
-as JSON and prints each grid's median share of the available gain, ``(speedup - 1) / (ideal - 1)``
-over the rows where the ideal gains at least 5 %, beside the Horovod plan's from the docs' data.
+Each plan's choice is then simulated in full against DDP; staying out counts as passing through,
+DDP's speed. Writes the rows as JSON and prints each grid's median share of the available gain,
+``(speedup - 1) / (ideal - 1)`` over the rows where the ideal gains at least 5 %, beside the
+Horovod plan's from the docs' data.
 
     PYTHONPATH=. .venv/bin/python docs/experiments/plan-batching/probe.py docs/data/plan-batching_scale.json
 """
@@ -31,6 +32,7 @@ from benchmarks.scale import GRID, HELD_OUT, PROFILE
 from bytesched.core.config import SchedulingParams
 from bytesched.runtime.calibration import FIXED_BYTES, NetworkCost, large_bytes_for
 from bytesched.sim import Cluster, ModelProfile, make_cluster, run
+from bytesched.sim.backends import BACKENDS
 from bytesched.sim.bound import communication_time, compute_time
 from bytesched.sim.engine import EventLoop
 from bytesched.sim.plan import STAY_OUT, batch_thresholds, make_plan, search_seconds
@@ -75,11 +77,13 @@ def rows() -> list[dict[str, Any]]:
             if arch != "allreduce":
                 continue
             profile = load_profile(PROFILE.format(model=model))
-            cluster = make_cluster(arch=arch, workers=workers, bandwidth=bandwidth)
-            alone = dataclasses.replace(cluster, bucket_bytes=1_000_000, fusion_threshold=0)
-            vanilla = run(profile, cluster, VANILLA).iteration_time
-            ideal = vanilla / max(compute_time(profile, cluster), communication_time(profile, cluster))
-            threshold = calibrated(profile, cluster).batch_threshold()
+            torch = BACKENDS["torch-distributed"]
+            alone = make_cluster(arch=arch, workers=workers, bandwidth=bandwidth,
+                                 fusion_threshold=torch.fusion_threshold, bucket_bytes=torch.bucket_bytes,
+                                 vanilla_bucket_bytes=torch.vanilla_bucket_bytes)
+            vanilla = run(profile, alone, VANILLA).iteration_time
+            ideal = vanilla / max(compute_time(profile, alone), communication_time(profile, alone))
+            threshold = calibrated(profile, alone).batch_threshold()
             row: dict[str, Any] = {"grid": grid_name, "model": model, "workers": workers, "bandwidth": bandwidth,
                                    "ideal": ideal, "calibrated_threshold": threshold}
             for rule_name, rule in (("after", after), ("with", weighed_with)):
