@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from bytesched.sim import simulate
+from bytesched.sim.backends import BACKENDS
 
 from . import REPO
 from .docs_section import replace_section
@@ -61,10 +62,18 @@ def scenario(model: str, arch: str, workers: int, bandwidth: str, breakdown: boo
                           overhead=overhead).predictions[0]
     data = prediction.to_json()
     speedups = {r["policy"]: r["speedup"] for r in data["results"]}
+    torch: dict[str, float] = {}
     if arch == "allreduce":
         decoupled = simulate(PROFILE.format(model=model), policies="plan", decoupled=True, arch=arch,
                              workers=workers, bandwidth=bandwidth, overhead=overhead).predictions[0].result("plan")
         speedups["plan, decoupled"] = decoupled.speedup
+        backend = BACKENDS["torch-distributed"]
+        over_torch = simulate(PROFILE.format(model=model), policies="plan", batching=backend.batches, arch=arch,
+                              workers=workers, bandwidth=bandwidth, overhead=overhead,
+                              **backend.cluster_options()).predictions[0]
+        torch = {"speedup": over_torch.result("plan").speedup,
+                 "ideal": over_torch.vanilla.iteration_time / over_torch.ideal_time,
+                 "batch_bytes": over_torch.result("plan").batch_bytes}
     plan = prediction.result("plan")
     ideal = data["ideal"]["speedup"]
     best = max(speedups[p] for p in ("fifo", "bytescheduler", "plan"))
@@ -74,6 +83,7 @@ def scenario(model: str, arch: str, workers: int, bandwidth: str, breakdown: boo
             "plan_share": share(speedups["plan"], ideal), "best_share": share(best, ideal),
             "decoupled_share": share(speedups.get("plan, decoupled", speedups["plan"]), ideal),
             "achievable_share": share(data["achievable"]["speedup"], ideal),
+            "torch_distributed": torch or None,
             "breakdown": data["breakdown"], "seconds": time.perf_counter() - started}
 
 
@@ -94,9 +104,21 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 statistics.median(r["decoupled_share"] for r in counted) if counted else None,
             "min_share_with_decoupled": min(r["decoupled_share"] for r in counted) if counted else None,
             "below_0.3": sum(s < 0.3 for s in shares),
+            **torch_distributed_summary(rows),
             "min_plan_speedup": min(r["speedups"]["plan"] for r in rows),
             "below_vanilla": sum(r["speedups"]["plan"] < 1.0 for r in rows),
             "median_share_by_stage": stage_shares(counted)}
+
+
+def torch_distributed_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The plan's share on the all-reduce rows run as over torch.distributed (against DDP, each
+    with its own ideal), where that ideal gains at least 5 %."""
+    over_torch = [r["torch_distributed"] for r in rows if r.get("torch_distributed")]
+    shares = [share(t["speedup"], t["ideal"]) for t in over_torch if t["ideal"] >= GAIN_FLOOR]
+    return {"torch_distributed_counted": len(shares),
+            "median_share_over_torch_distributed": statistics.median(shares) if shares else None,
+            "min_share_over_torch_distributed": min(shares) if shares else None,
+            "torch_distributed_below_ddp": sum(t["speedup"] < 1.0 for t in over_torch)}
 
 
 def stage_shares(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -121,7 +143,8 @@ def stage_shares(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 def markdown(result: dict[str, Any]) -> str:
     """The table of docs/simulator.md: one row per scenario, then the summary."""
     lines = ["| model | architecture | workers | bandwidth | plan | best tuned | plan with DeAR | achievable | ideal | "
-             "share | plan's sizes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "share | plan's sizes | over torch.distributed: plan of ideal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         sizes = ("stays out" if r["plan_credit_bytes"] is None
                  else f"{r['plan_partition_bytes'] / 1e6:g} / {r['plan_credit_bytes'] / 1e6:g} MB")
@@ -130,7 +153,7 @@ def markdown(result: dict[str, Any]) -> str:
         dear = f"{r['speedups']['plan, decoupled']:.2f}x" if "plan, decoupled" in r["speedups"] else "-"
         lines.append(f"| {r['model']} | {'all-reduce' if r['arch'] == 'allreduce' else 'PS'} | {r['workers']} | "
                      f"{r['bandwidth'].replace('Gbps', ' Gbit/s')} | {r['speedups']['plan']:.2f}x | {tuned:.2f}x | "
-                     f"{dear} | {r['achievable']:.2f}x | {r['ideal']:.2f}x | {cell} | {sizes} |")
+                     f"{dear} | {r['achievable']:.2f}x | {r['ideal']:.2f}x | {cell} | {sizes} | {_over_torch(r)} |")
     s = result["summary"]
     lines += ["", f"Over the {s['counted']} of {s['scenarios']} scenarios whose ideal gains at least 5 %: median share "
               f"{s['median_share']:.2f}, lowest {s['min_share']:.2f} ({s['below_0.3']} below 0.3; the achievable "
@@ -138,7 +161,21 @@ def markdown(result: dict[str, Any]) -> str:
               f"{s['median_share_with_decoupled']:.2f}, lowest {s['min_share_with_decoupled']:.2f}); "
               "the plan's lowest speedup "
               f"{s['min_plan_speedup']:.2f}x ({s['below_vanilla']} below vanilla)."]
+    if s.get("torch_distributed_counted"):
+        lines.append(f"Over torch.distributed (all-reduce rows against DDP, each with its own ideal; "
+                     f"`bytesched simulate --backend torch-distributed`), over the "
+                     f"{s['torch_distributed_counted']} whose ideal gains at least 5 %: median share "
+                     f"{s['median_share_over_torch_distributed']:.2f}, lowest "
+                     f"{s['min_share_over_torch_distributed']:.2f}; {s['torch_distributed_below_ddp']} below DDP.")
     return "\n".join(lines)
+
+
+def _over_torch(row: dict[str, Any]) -> str:
+    """``1.09x of 1.14x, batching`` for an all-reduce row's run over torch.distributed, ``-`` for PS."""
+    torch = row.get("torch_distributed")
+    if not torch:
+        return "-"
+    return f"{torch['speedup']:.2f}x of {torch['ideal']:.2f}x" + (", batching" if torch["batch_bytes"] else "")
 
 
 def breakdown_markdown(result: dict[str, Any]) -> str:

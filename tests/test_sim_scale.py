@@ -28,8 +28,24 @@ def test_summary_counts_only_scenarios_with_at_least_five_percent_to_gain() -> N
     assert result["min_share"] == pytest.approx(-0.02)
     assert (result["below_0.3"], result["below_vanilla"]) == (1, 1)
     table = markdown({"rows": rows, "summary": result})
-    assert "| c | PS | 8 | 25 Gbit/s | 1.01x | 1.01x | - | 1.02x | 1.02x | - | 4 / 16 MB |" in table
-    assert "Over the 3 of 4 scenarios" in table
+    assert "| c | PS | 8 | 25 Gbit/s | 1.01x | 1.01x | - | 1.02x | 1.02x | - | 4 / 16 MB | - |" in table
+    assert "Over the 3 of 4 scenarios" in table and "Over torch.distributed" not in table
+
+
+def test_the_all_reduce_rows_over_torch_distributed_have_a_share_of_their_own() -> None:
+    """Each all-reduce row's run over torch.distributed is weighed against its own ideal (DDP's);
+    rows whose ideal gains under 5 % are left out, a run below DDP is counted."""
+    over_torch = [{"speedup": 1.1, "ideal": 1.2, "batch_bytes": 1e8}, {"speedup": 1.0, "ideal": 1.5, "batch_bytes": 0},
+                  {"speedup": 0.99, "ideal": 1.01, "batch_bytes": 0}]
+    rows = [{**row(m, 1.1, 1.3), "arch": "allreduce", "torch_distributed": t} for m, t in zip("abc", over_torch)]
+    result = summary([*rows, row("d", 1.3, 1.6)])
+    assert result["torch_distributed_counted"] == 2
+    assert result["median_share_over_torch_distributed"] == pytest.approx(0.25)
+    assert result["min_share_over_torch_distributed"] == pytest.approx(0.0)
+    assert result["torch_distributed_below_ddp"] == 1
+    table = markdown({"rows": [*rows, row("d", 1.3, 1.6)], "summary": result})
+    assert "| 4 / 16 MB | 1.10x of 1.20x, batching |" in table and "| 4 / 16 MB | 1.00x of 1.50x |" in table
+    assert "over the 2 whose ideal gains at least 5 %: median share 0.25, lowest 0.00; 1 below DDP." in table
 
 
 def test_the_breakdown_says_what_share_each_stage_reaches() -> None:

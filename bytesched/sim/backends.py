@@ -19,6 +19,12 @@ class Backend:
     """The framework's own buckets on the vanilla path (DDP's)."""
     batches: bool = False
 
+    def cluster_options(self) -> dict[str, float]:
+        """The cluster fields this framework sets (for :func:`~bytesched.sim.simulate`)."""
+        options = {"fusion_threshold": self.fusion_threshold, "bucket_bytes": self.bucket_bytes,
+                   "vanilla_bucket_bytes": self.vanilla_bucket_bytes}
+        return {name: value for name, value in options.items() if value is not None}
+
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's ``bucket_cap_mb`` default: 25 MiB."""
