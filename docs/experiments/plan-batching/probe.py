@@ -26,7 +26,7 @@ import dataclasses
 import json
 import statistics
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from benchmarks.scale import GRID, HELD_OUT, PROFILE
 from bytesched.core.config import SchedulingParams
@@ -70,31 +70,37 @@ def speedup(profile: ModelProfile, cluster: Cluster, vanilla: float, params: Sch
     return vanilla / run(profile, cluster, "bytescheduler", params).iteration_time
 
 
-def rows() -> list[dict[str, Any]]:
-    out = []
+def scenarios() -> Iterator[tuple[str, str, int, str, ModelProfile, Cluster, float, float]]:
+    """Every all-reduce scenario of both scale grids over torch.distributed: the grid's name,
+    model, workers, bandwidth, the profile, the cluster, DDP's iteration time and the ideal
+    speedup over it."""
+    backend = BACKENDS["torch-distributed"]
     for grid_name, grid in (("issue", GRID), ("held-out", HELD_OUT)):
         for model, arch, workers, bandwidth in grid.scenarios():
             if arch != "allreduce":
                 continue
             profile = load_profile(PROFILE.format(model=model))
-            torch = BACKENDS["torch-distributed"]
-            alone = make_cluster(arch=arch, workers=workers, bandwidth=bandwidth,
-                                 fusion_threshold=torch.fusion_threshold, bucket_bytes=torch.bucket_bytes,
-                                 vanilla_bucket_bytes=torch.vanilla_bucket_bytes)
-            vanilla = run(profile, alone, VANILLA).iteration_time
-            ideal = vanilla / max(compute_time(profile, alone), communication_time(profile, alone))
-            threshold = calibrated(profile, alone).batch_threshold()
-            row: dict[str, Any] = {"grid": grid_name, "model": model, "workers": workers, "bandwidth": bandwidth,
-                                   "ideal": ideal, "calibrated_threshold": threshold}
-            for rule_name, rule in (("after", after), ("with", weighed_with)):
-                for margin in MARGINS:
-                    params = rule(profile, alone, margin, threshold)
-                    row[f"{rule_name}_margin{margin:g}"] = {
-                        "speedup": speedup(profile, alone, vanilla, params),
-                        "params": None if params is None else dataclasses.asdict(params)}
-            out.append(row)
-            print(f"{grid_name:9}{model:12}{workers:4}{bandwidth:>8} ideal {ideal:.3f} " + " ".join(
-                f"{k}={v['speedup']:.3f}" for k, v in row.items() if isinstance(v, dict)), flush=True)
+            cluster = make_cluster(arch=arch, workers=workers, bandwidth=bandwidth, **backend.cluster_options())
+            vanilla = run(profile, cluster, VANILLA).iteration_time
+            ideal = vanilla / max(compute_time(profile, cluster), communication_time(profile, cluster))
+            yield grid_name, model, workers, bandwidth, profile, cluster, vanilla, ideal
+
+
+def rows() -> list[dict[str, Any]]:
+    out = []
+    for grid_name, model, workers, bandwidth, profile, alone, vanilla, ideal in scenarios():
+        threshold = calibrated(profile, alone).batch_threshold()
+        row: dict[str, Any] = {"grid": grid_name, "model": model, "workers": workers, "bandwidth": bandwidth,
+                               "ideal": ideal, "calibrated_threshold": threshold}
+        for rule_name, rule in (("after", after), ("with", weighed_with)):
+            for margin in MARGINS:
+                params = rule(profile, alone, margin, threshold)
+                row[f"{rule_name}_margin{margin:g}"] = {
+                    "speedup": speedup(profile, alone, vanilla, params),
+                    "params": None if params is None else dataclasses.asdict(params)}
+        out.append(row)
+        print(f"{grid_name:9}{model:12}{workers:4}{bandwidth:>8} ideal {ideal:.3f} " + " ".join(
+            f"{k}={v['speedup']:.3f}" for k, v in row.items() if isinstance(v, dict)), flush=True)
     return out
 
 

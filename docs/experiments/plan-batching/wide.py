@@ -16,48 +16,36 @@ import statistics
 import sys
 from typing import Any
 
-from benchmarks.scale import GRID, HELD_OUT, PROFILE
 from bytesched.core.config import SchedulingParams
-from bytesched.sim import make_cluster, run
-from bytesched.sim.backends import BACKENDS
-from bytesched.sim.bound import communication_time, compute_time
+from bytesched.sim import run
 from bytesched.sim.plan import STAY_OUT, cluster_thresholds, make_plan, search_seconds
-from bytesched.sim.profile import load_profile
-from bytesched.sim.simulator import VANILLA
+from probe import scenarios  # this directory's probe.py (a script's own directory is on the path)
 
 PARTITIONS = (250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000, 32_000_000, 64_000_000)
 CREDIT_FACTORS = (1, 2, 4, 8, 16, 32)
 
 
 def rows() -> list[dict[str, Any]]:
-    backend = BACKENDS["torch-distributed"]
     out = []
-    for grid_name, grid in (("issue", GRID), ("held-out", HELD_OUT)):
-        for model, arch, workers, bandwidth in grid.scenarios():
-            if arch != "allreduce":
-                continue
-            profile = load_profile(PROFILE.format(model=model))
-            cluster = make_cluster(arch=arch, workers=workers, bandwidth=bandwidth, **backend.cluster_options())
-            vanilla = run(profile, cluster, VANILLA).iteration_time
-            ideal = vanilla / max(compute_time(profile, cluster), communication_time(profile, cluster))
-            thresholds = cluster_thresholds(profile, cluster)
-            plan = make_plan(profile, cluster, batch_thresholds=thresholds)
-            best: tuple[float, SchedulingParams, str] = (search_seconds(profile, cluster, "fifo", STAY_OUT),
-                                                         STAY_OUT, "fifo")
-            for partition in PARTITIONS:
-                for factor in CREDIT_FACTORS:
-                    for batch in (0, *thresholds):
-                        params = SchedulingParams(partition, partition * factor, batch_bytes=batch)
-                        seconds = search_seconds(profile, cluster, "bytescheduler", params)
-                        if seconds < best[0]:
-                            best = (seconds, params, "bytescheduler")
-            row = {"grid": grid_name, "model": model, "workers": workers, "bandwidth": bandwidth, "ideal": ideal,
-                   "plan": max(1.0, vanilla / run(profile, cluster, plan.policy, plan.params).iteration_time),
-                   "wide": max(1.0, vanilla / run(profile, cluster, best[2], best[1]).iteration_time),
-                   "wide_params": [best[1].partition_bytes, best[1].credit_bytes, best[1].batch_bytes]}
-            out.append(row)
-            print(f"{grid_name:9}{model:12}{workers:4}{bandwidth:>8} ideal {ideal:.3f} plan {row['plan']:.3f} "
-                  f"wide {row['wide']:.3f}", flush=True)
+    for grid_name, model, workers, bandwidth, profile, cluster, vanilla, ideal in scenarios():
+        thresholds = cluster_thresholds(profile, cluster)
+        plan = make_plan(profile, cluster, batch_thresholds=thresholds)
+        best: tuple[float, SchedulingParams, str] = (search_seconds(profile, cluster, "fifo", STAY_OUT),
+                                                     STAY_OUT, "fifo")
+        for partition in PARTITIONS:
+            for factor in CREDIT_FACTORS:
+                for batch in (0, *thresholds):
+                    params = SchedulingParams(partition, partition * factor, batch_bytes=batch)
+                    seconds = search_seconds(profile, cluster, "bytescheduler", params)
+                    if seconds < best[0]:
+                        best = (seconds, params, "bytescheduler")
+        row = {"grid": grid_name, "model": model, "workers": workers, "bandwidth": bandwidth, "ideal": ideal,
+               "plan": max(1.0, vanilla / run(profile, cluster, plan.policy, plan.params).iteration_time),
+               "wide": max(1.0, vanilla / run(profile, cluster, best[2], best[1]).iteration_time),
+               "wide_params": [best[1].partition_bytes, best[1].credit_bytes, best[1].batch_bytes]}
+        out.append(row)
+        print(f"{grid_name:9}{model:12}{workers:4}{bandwidth:>8} ideal {ideal:.3f} plan {row['plan']:.3f} "
+              f"wide {row['wide']:.3f}", flush=True)
     return out
 
 
