@@ -171,7 +171,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _over_torch(row: dict[str, Any]) -> str:
-    """``1.09x of 1.14x, batching`` for an all-reduce row's run over torch.distributed, ``-`` for PS."""
+    """``{speedup}x of {ideal}x`` (with ``, batching`` where the plan batched) for an all-reduce row's
+    run over torch.distributed, ``-`` for a PS row."""
     torch = row.get("torch_distributed")
     if not torch:
         return "-"
