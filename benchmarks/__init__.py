@@ -5,7 +5,8 @@ throughput (``core``), the tuner's search cost (``tuning``), the simulator's spe
 training on an emulated network (``emulated``), a fault-free soak (``soak``) and bytesched's
 per-tensor cost over plain Horovod (``overhead``), the no-settings plan against a grid search in
 the simulator (``plan``), the plan's share of the ideal's gain at GPU speed and at scale
-(``scale``) and a compiled model against compiled DDP (``compiled``). The emulated network and
+(``scale``), a compiled model against compiled DDP (``compiled``) and ``bytesched check-gpu``
+across a shaped link (``gpu-shaped``). The emulated network and
 device they use live here too (:mod:`benchmarks.emulation`, ``csrc/emulated_device.cc``). Docs: docs/benchmarks.md.
 """
 

@@ -23,6 +23,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.plan_study",
     "benchmarks.compiled",
     "benchmarks.scale",
+    "benchmarks.gpu_shaped",
 )
 
 

@@ -313,6 +313,7 @@ def _timing(name: str, device: torch.device, options: CheckOptions) -> dict[str,
                 optimizer.close()
     shutdown()
     result: dict[str, Any] = {"model": name, "batch": options.batch, "gradients": len(list(base.parameters())),
+                              "gradient_bytes": sum(p.numel() * p.element_size() for p in base.parameters()),
                               **{f"{config}_ms": statistics.median(times[config]) for config in CONFIGURATIONS},
                               **{f"{config}_plan": paths[config][-1] for config in ("barrier", "cross")},
                               "rounds_ms": times, "rounds_path": paths}
