@@ -255,6 +255,14 @@ def output_after(job: subprocess.Popen[str], marker: str, timeout: float) -> tup
     return "".join(seen), math.inf if marked is None else ended - marked
 
 
+def require_shaping() -> None:
+    """FAIL (not skip: CI runs as root with iproute2) where shaped namespaces cannot be made."""
+    from benchmarks.emulation import unavailable_reason
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"network emulation is unavailable here: {reason}", pytrace=False)
+
+
 def run_job(argv: Sequence[str | os.PathLike[str]], timeout: float,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to completion within ``timeout`` seconds; on timeout kill it all and FAIL."""

@@ -29,11 +29,10 @@ from benchmarks.emulated.results import families, merge, summarize
 from benchmarks.emulated.scaling import Scale, balanced_time_scale, scaled_profile
 from benchmarks.emulated.usage import Stopwatch
 from bytesched.core.config import SchedulingParams
-from benchmarks.emulation import unavailable_reason
 from bytesched.sim.predict import simulate
 from bytesched.sim.profile import Layer, ModelProfile, Tensor, load_profile
 from bytesched.sim.simulator import VANILLA
-from conftest import require, run_job
+from conftest import require, require_shaping, run_job
 
 GBIT = 10**9
 
@@ -607,9 +606,7 @@ def _namespaces_of(pid: int) -> list[str]:
 @pytest.mark.multiproc
 @pytest.mark.timeout(330)
 def test_quick_mode_runs_every_framework_end_to_end_and_cleans_up(tmp_path: Path) -> None:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.fail(f"network emulation is unavailable here: {reason}", pytrace=False)
+    require_shaping()
     for module, component in (("horovod.torch", "Horovod with PyTorch"), ("horovod.mxnet", "Horovod with MXNet")):
         require("torch")
         require(module, component)

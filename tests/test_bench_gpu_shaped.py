@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_shaped
-from benchmarks.emulation import unavailable_reason
 from benchmarks.emulation.network import tbf_burst
-from conftest import run_job
+from conftest import require_shaping, run_job
 
 RATE = 100_000_000
 """The link's bits per second: the check's small CNN (about 0.15 MB of gradients) then needs at
@@ -30,9 +29,7 @@ least 25 ms per iteration on it."""
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_the_check_runs_across_the_shaped_link_and_the_link_bounds_ddp(tmp_path: Path) -> None:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.fail(f"network emulation is unavailable here: {reason}", pytrace=False)
+    require_shaping()
     out = tmp_path / "shaped.json"
     steps = 4
     result = run_job([sys.executable, "-m", "benchmarks", "gpu-shaped", "--bandwidth", "100mbit", "--device", "cpu",

@@ -16,11 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.emulation import (ShapingUnavailable, cleanup_stale, emulated_cluster, parse_rate, simulator_topology,
-                                 unavailable_reason)
+from benchmarks.emulation import ShapingUnavailable, cleanup_stale, emulated_cluster, parse_rate, simulator_topology
 from benchmarks.emulation.network import PREFIX
 from benchmarks.emulation.throughput import aggregate_rate, stream_rates
-from conftest import TOKEN_VAR, require, started
+from conftest import TOKEN_VAR, require, require_shaping, started
 
 RATE = parse_rate("200mbit")
 ALLREDUCE_FLOATS = 2_500_000  # 10 MB: a 2-rank ring moves all of it each way over every link
@@ -54,12 +53,6 @@ HOROVOD_RANK = textwrap.dedent(f"""
     print(f"ALLREDUCE OK rank={{rank}} size={{size}} host={{os.environ['HOROVOD_HOSTNAME']}} "
           f"iface={{os.environ['HOROVOD_GLOO_IFACE']}} seconds={{seconds:.3f}}", flush=True)
 """)
-
-
-def require_shaping() -> None:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.fail(f"network emulation is unavailable here: {reason}", pytrace=False)
 
 
 def ours(pid: int | None = None) -> list[str]:

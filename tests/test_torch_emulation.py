@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from benchmarks.emulation import ShapingUnavailable, format_rate, parse_rate, shaped_loopback, unavailable_reason
-from conftest import started
+from benchmarks.emulation import ShapingUnavailable, format_rate, parse_rate, shaped_loopback
+from conftest import require_shaping, started
 
 # Sends 20 MB over a TCP connection on 127.0.0.1 and prints the rate in bit/s.
 THROUGHPUT = textwrap.dedent("""
@@ -32,12 +32,6 @@ THROUGHPUT = textwrap.dedent("""
 
 def namespaces() -> str:
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-
-
-def require_shaping() -> None:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.fail(f"network shaping is unavailable here: {reason}", pytrace=False)
 
 
 def test_parse_and_format_rates() -> None:
