@@ -28,6 +28,7 @@ def test_summary_counts_only_scenarios_with_at_least_five_percent_to_gain() -> N
     assert result["min_share"] == pytest.approx(-0.02)
     assert (result["below_0.3"], result["below_vanilla"]) == (1, 1)
     table = markdown({"rows": rows, "summary": result})
+    # row c's own made-up speedups (1.01, ideal 1.02), printed as the table prints them: no measurement
     assert "| c | PS | 8 | 25 Gbit/s | 1.01x | 1.01x | - | 1.02x | 1.02x | - | 4 / 16 MB | - |" in table
     assert "Over the 3 of 4 scenarios" in table and "Over torch.distributed" not in table
 
@@ -44,6 +45,7 @@ def test_the_all_reduce_rows_over_torch_distributed_have_a_share_of_their_own() 
     assert result["min_share_over_torch_distributed"] == pytest.approx(0.0)
     assert result["torch_distributed_below_ddp"] == 1
     table = markdown({"rows": [*rows, row("d", 1.3, 1.6)], "summary": result})
+    # the made-up runs of over_torch above, as the column prints them: no measurement
     assert "| 4 / 16 MB | 1.10x of 1.20x, batching |" in table and "| 4 / 16 MB | 1.00x of 1.50x |" in table
     assert "over the 2 whose ideal gains at least 5 %: median share 0.25, lowest 0.00; 1 below DDP." in table
 

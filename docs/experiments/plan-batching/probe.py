@@ -28,7 +28,7 @@ import statistics
 import sys
 from typing import Any, Iterator
 
-from benchmarks.scale import GRID, HELD_OUT, PROFILE
+from benchmarks.scale import GRID, HELD_OUT, PROFILE, share
 from bytesched.core.config import SchedulingParams
 from bytesched.runtime.calibration import FIXED_BYTES, NetworkCost, large_bytes_for
 from bytesched.sim import Cluster, ModelProfile, make_cluster, run
@@ -102,10 +102,6 @@ def rows() -> list[dict[str, Any]]:
         print(f"{grid_name:9}{model:12}{workers:4}{bandwidth:>8} ideal {ideal:.3f} " + " ".join(
             f"{k}={v['speedup']:.3f}" for k, v in row.items() if isinstance(v, dict)), flush=True)
     return out
-
-
-def share(speedup: float, ideal: float) -> float:
-    return (speedup - 1) / (ideal - 1)
 
 
 def summary(data: list[dict[str, Any]]) -> None:

@@ -16,6 +16,7 @@ import statistics
 import sys
 from typing import Any
 
+from benchmarks.scale import share
 from bytesched.core.config import SchedulingParams
 from bytesched.sim import run
 from bytesched.sim.plan import STAY_OUT, cluster_thresholds, make_plan, search_seconds
@@ -56,6 +57,6 @@ if __name__ == "__main__":
     for grid_name in ("issue", "held-out"):
         counted = [r for r in result if r["grid"] == grid_name and r["ideal"] >= 1.05]
         for key in ("plan", "wide"):
-            shares = [(r[key] - 1) / (r["ideal"] - 1) for r in counted]
+            shares = [share(r[key], r["ideal"]) for r in counted]
             print(f"{grid_name}: {key} median share {statistics.median(shares):.2f}, lowest {min(shares):.2f} "
                   f"({len(counted)} rows)")

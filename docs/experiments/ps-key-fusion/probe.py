@@ -25,7 +25,7 @@ import statistics
 import sys
 from typing import Any
 
-from benchmarks.scale import GRID, HELD_OUT, PROFILE
+from benchmarks.scale import GRID, HELD_OUT, PROFILE, share
 from bytesched.sim import make_cluster, run
 from bytesched.sim.bound import communication_time, compute_time
 from bytesched.sim.plan import fused_profile, keeps_the_faster_path, make_plan
@@ -62,10 +62,6 @@ def rows() -> list[dict[str, Any]]:
             print(f"{grid_name:9}{model:12}{workers:4}{bandwidth:>8} ideal {ideal:.2f}  " + "  ".join(
                 f"F{bound / 1e6:g}MB {row['speedup'][str(bound)]:.2f}" for bound in BOUNDS), flush=True)
     return out
-
-
-def share(speedup: float, ideal: float) -> float:
-    return (speedup - 1) / (ideal - 1)
 
 
 def summary(data: list[dict[str, Any]]) -> None:
